@@ -1,0 +1,3 @@
+from kitcli.cli import main
+
+main()

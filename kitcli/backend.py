@@ -1,0 +1,259 @@
+"""The one place that decides how a model is loaded, and says which way it chose.
+
+Backends:
+- `unsloth-gpu`: Unsloth's FastLanguageModel on CUDA (4-bit + LoRA by default).
+- `unsloth-cpu`: Unsloth's CPU backend (its loader is stock transformers + PEFT with CPU-tuned defaults).
+- `transformers`: plain transformers + PEFT, where Unsloth cannot serve (not installed, sequence
+  classification on CPU, multi-process launches) or when a recipe asks for it.
+
+In a training process `unsloth` must be imported before trl / transformers / peft, or its patches are not
+applied: `prepare_backend` does that and every stage calls it before touching those libraries.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kitcli.errors import KitError
+
+HEAVY_MODULES = ("torch", "transformers", "trl", "peft", "unsloth")
+
+
+@dataclass
+class LoadedModel:
+    model: Any
+    tokenizer: Any
+    backend: str
+    device: str
+    dtype: str
+    load_in_4bit: bool
+    trainable_params: int
+    total_params: int
+
+    def summary(self, label: str) -> str:
+        share = 100.0 * self.trainable_params / max(self.total_params, 1)
+        return (f"{label}: backend {self.backend} | device {self.device} | dtype {self.dtype} | "
+                f"4-bit {'yes' if self.load_in_4bit else 'no'} | trainable {self.trainable_params:,} of "
+                f"{self.total_params:,} parameters ({share:.2f}%)")
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def choose_backend(requested: str = "auto", task: str = "causal") -> str:
+    """Pick the backend for a model. `task` is "causal" (policies) or "seq_cls" (reward models, critics)."""
+    has_unsloth = importlib.util.find_spec("unsloth") is not None
+    on_gpu = cuda_available()
+    if os.environ.get("KIT_FORCE_BACKEND"):
+        requested = os.environ["KIT_FORCE_BACKEND"]
+    if requested == "transformers":
+        return "transformers"
+    if requested == "unsloth" and not has_unsloth:
+        raise KitError("model.backend is 'unsloth' but unsloth is not installed; pip install unsloth, "
+                       "or set model.backend: transformers")
+    if not has_unsloth:
+        return "transformers"
+    if task == "seq_cls" and not on_gpu:
+        return "transformers"  # Unsloth's CPU loader ignores num_labels (see stack facts)
+    return "unsloth-gpu" if on_gpu else "unsloth-cpu"
+
+
+def prepare_backend(backend: str) -> None:
+    """Import unsloth first (before trl / transformers / peft) when it will be used; quiet library chatter."""
+    if backend.startswith("unsloth"):
+        late = [m for m in ("trl", "transformers", "peft") if m in sys.modules and "unsloth" not in sys.modules]
+        if late:
+            print(f"kit: warning: {', '.join(late)} imported before unsloth; Unsloth's patches may be incomplete",
+                  file=sys.stderr)
+        import unsloth  # noqa: F401
+    import datasets
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+
+
+def resolve_model_path(name: str, seed: int) -> str:
+    if name == "tiny":
+        from kitcli.tiny import ensure_tiny_model
+
+        return str(ensure_tiny_model(seed=0))
+    return name
+
+
+def torch_dtype(name: str, on_gpu: bool):
+    import torch
+
+    if name == "auto":
+        if on_gpu:
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    return getattr(torch, name)
+
+
+def count_parameters(model) -> tuple[int, int]:
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return trainable, total
+
+
+def lora_from_adapter(adapter_dir: Path) -> dict[str, Any]:
+    """The LoRA settings an adapter was saved with, so a later stage continues with the same shapes."""
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    targets = config.get("target_modules")
+    return {"r": config["r"], "alpha": config["lora_alpha"], "dropout": config.get("lora_dropout", 0.0),
+            "target_modules": sorted(targets) if isinstance(targets, list) else targets}
+
+
+def load_policy(
+    model_name: str,
+    *,
+    max_seq_length: int,
+    load_in_4bit: bool,
+    lora: dict[str, Any] | None,
+    backend: str = "auto",
+    dtype: str = "auto",
+    seed: int = 42,
+    init_from: Path | None = None,
+    trust_remote_code: bool = False,
+    trainable: bool = True,
+    log=print,
+    label: str = "policy",
+) -> LoadedModel:
+    """Load a causal LM and its tokenizer, with a fresh LoRA adapter, `init_from`'s adapter, or full weights.
+
+    `init_from` is an earlier stage's output: a directory with `adapter/` (LoRA; loaded into the new adapter,
+    so the stage starts from exactly those weights) or `model/` (full fine-tuning).
+    """
+    chosen = choose_backend(backend)
+    prepare_backend(chosen)
+    path = resolve_model_path(model_name, seed)
+    adapter_dir = None
+    if init_from is not None:
+        if (init_from / "adapter").is_dir():
+            adapter_dir = init_from / "adapter"
+            lora = lora_from_adapter(adapter_dir)
+        elif (init_from / "model").is_dir():
+            path, lora = str(init_from / "model"), None
+        else:
+            raise KitError(f"stage output '{init_from}' has no adapter/ or model/; re-run that stage with --force")
+    if chosen.startswith("unsloth"):
+        model, tokenizer, quantized = _load_unsloth(path, max_seq_length, load_in_4bit, lora, dtype, seed,
+                                                    trust_remote_code, full_finetuning=lora is None and trainable)
+    else:
+        model, tokenizer, quantized = _load_transformers(path, max_seq_length, load_in_4bit, lora, dtype, seed,
+                                                         trust_remote_code)
+    if adapter_dir is not None:
+        load_adapter_weights(model, adapter_dir)
+    if not trainable:
+        for parameter in model.parameters():
+            parameter.requires_grad_(False)
+    trainable_count, total = count_parameters(model)
+    loaded = LoadedModel(model=model, tokenizer=tokenizer, backend=chosen, device=str(model.device),
+                         dtype=str(next(model.parameters()).dtype).replace("torch.", ""), load_in_4bit=quantized,
+                         trainable_params=trainable_count, total_params=total)
+    log(loaded.summary(label))
+    return loaded
+
+
+def _is_quantized(model) -> bool:
+    return any(type(m).__name__ in ("Linear4bit", "Linear8bitLt") for m in model.modules())
+
+
+def _load_unsloth(path, max_seq_length, load_in_4bit, lora, dtype, seed, trust_remote_code, full_finetuning):
+    from unsloth import FastLanguageModel
+
+    on_gpu = cuda_available()
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        model_name=path,
+        max_seq_length=max_seq_length,
+        dtype=torch_dtype(dtype, on_gpu),
+        load_in_4bit=load_in_4bit and not full_finetuning,
+        full_finetuning=full_finetuning,
+        trust_remote_code=trust_remote_code,
+        local_files_only=Path(path).is_dir(),
+    )
+    if lora is not None:
+        model = FastLanguageModel.get_peft_model(
+            model,
+            r=lora["r"],
+            lora_alpha=lora["alpha"],
+            lora_dropout=lora["dropout"],
+            target_modules=lora["target_modules"],
+            bias="none",
+            use_gradient_checkpointing="unsloth" if on_gpu else False,
+            random_state=seed,
+        )
+    return model, tokenizer, _is_quantized(model)
+
+
+def _load_transformers(path, max_seq_length, load_in_4bit, lora, dtype, seed, trust_remote_code):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+
+    on_gpu = cuda_available()
+    kwargs: dict[str, Any] = {"dtype": torch_dtype(dtype, on_gpu), "trust_remote_code": trust_remote_code}
+    quantize = load_in_4bit and lora is not None and on_gpu  # bitsandbytes 4-bit training needs CUDA here
+    if quantize:
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=kwargs["dtype"])
+        kwargs["device_map"] = {"": 0}
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=Path(path).is_dir(), **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(path, model_max_length=max_seq_length,
+                                              trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if lora is not None:
+        from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+        if quantize:
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True)
+        torch.manual_seed(seed)
+        config = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+                            target_modules=lora["target_modules"], bias="none", task_type="CAUSAL_LM")
+        model = get_peft_model(model, config)
+    return model, tokenizer, _is_quantized(model)
+
+
+def load_adapter_weights(model, adapter_dir: Path) -> None:
+    """Copy a saved adapter's weights into the model's (identically shaped) fresh adapter."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    state = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    result = set_peft_model_state_dict(model, state)
+    unexpected = list(getattr(result, "unexpected_keys", []) or [])
+    if unexpected:
+        raise KitError(f"adapter '{adapter_dir}' does not fit the model (unexpected weights such as "
+                       f"{unexpected[0]}); was it trained on a different base model?")
+
+
+def is_peft_model(model) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def save_model(model, tokenizer, stage_dir: Path) -> Path:
+    """Save the adapter (or full model) and tokenizer under a temporary name, then rename into place."""
+    import shutil
+
+    final = stage_dir / ("adapter" if is_peft_model(model) else "model")
+    staging = stage_dir / (final.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(str(staging))
+    tokenizer.save_pretrained(str(staging))
+    if final.exists():
+        shutil.rmtree(final)
+    staging.rename(final)
+    return final

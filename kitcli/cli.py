@@ -1,0 +1,107 @@
+"""The `kit` command line. Heavy libraries (torch, transformers, trl, unsloth) are imported inside the
+commands that train, never at import time, so `kit --help` and the listing commands stay fast."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from kitcli import __version__
+from kitcli.errors import KitError
+
+SET_HELP = "Override a recipe value, e.g. stages.sft.train.learning_rate=1e-4 (repeatable)."
+
+
+def make_console(quiet: bool = False):
+    from rich.console import Console
+
+    return Console(quiet=quiet, highlight=False)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="kit")
+def main() -> None:
+    """kit: one-command LoRA post-training recipes (SFT, reward model, DPO, GRPO, GSPO) on one GPU."""
+
+
+@main.command()
+@click.argument("recipe")
+@click.option("--output", "-o", help="Run directory (default: runs/<name>-<timestamp>, or the newest run of the "
+                                      "same recipe, which is then resumed).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
+@click.option("--dry-run", is_flag=True, help="Print the resolved configuration of every stage and exit.")
+@click.option("--force", is_flag=True, help="Redo every stage, even finished ones.")
+def run(recipe: str, output: str | None, overrides: tuple[str, ...], dry_run: bool, force: bool) -> None:
+    """Run a recipe: a shipped name (see `kit recipes list`) or a YAML file."""
+    from kitcli.recipe import load_recipe
+
+    loaded = load_recipe(recipe, list(overrides))
+    execute(loaded, output=output, dry_run=dry_run, force=force)
+
+
+@main.command()
+@click.option("--model", required=True, help="Hub name, local model directory, or 'tiny'.")
+@click.option("--data", required=True, help="Dataset file (JSONL/JSON/CSV/Parquet) or hub name.")
+@click.option("--output", "-o", help="Run directory.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a value, e.g. stages.sft.train.max_steps=20 or lora.r=8 (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Print the resolved configuration and exit.")
+@click.option("--force", is_flag=True, help="Redo the stage even if it finished.")
+def sft(model: str, data: str, output: str | None, overrides: tuple[str, ...], dry_run: bool, force: bool) -> None:
+    """Run a one-stage SFT recipe without a recipe file."""
+    from kitcli.recipe import recipe_for_single_stage
+
+    loaded = recipe_for_single_stage("sft", model, data, list(overrides))
+    execute(loaded, output=output, dry_run=dry_run, force=force)
+
+
+def execute(recipe, *, output: str | None, dry_run: bool, force: bool) -> None:
+    from kitcli import runner
+
+    console = make_console()
+    if dry_run:
+        runner.dry_run(recipe, console)
+        return
+    try:
+        run_dir = runner.run_recipe(recipe, output=output, force=force, console=console)
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted; run the same command again to resume from the last checkpoint", err=True)
+        sys.exit(130)
+    console.print(f"done: {run_dir}", highlight=False, markup=False)
+
+
+@main.group()
+def recipes() -> None:
+    """List and show the shipped recipes."""
+
+
+@recipes.command("list")
+def recipes_list() -> None:
+    """List the shipped recipes with their descriptions."""
+    import yaml
+    from rich.table import Table
+
+    from kitcli.recipe import shipped_recipes
+
+    table = Table("name", "stages", "description")
+    for name, path in shipped_recipes().items():
+        raw = yaml.safe_load(path.read_text()) or {}
+        stages = " -> ".join(str(s.get("name")) for s in raw.get("stages", []) if isinstance(s, dict))
+        table.add_row(name, stages, str(raw.get("description", "")))
+    make_console().print(table)
+
+
+@recipes.command("show")
+@click.argument("name")
+def recipes_show(name: str) -> None:
+    """Print a shipped recipe's YAML."""
+    from kitcli.recipe import find_recipe, shipped_recipes
+
+    if name not in shipped_recipes():
+        find_recipe(name)  # raises with the closest names
+    click.echo(shipped_recipes()[name].read_text(), nl=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""Datasets for stages: local JSONL / JSON / CSV / Parquet files or a hub dataset, with a `columns:` mapping.
+
+Files are read here (not by `datasets`' builders) so that a malformed line is reported with its file and line
+number, and so that a dataset's fingerprint is the hash of the file's bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from kitcli.errors import KitError
+
+
+def fingerprint(spec: dict[str, Any]) -> str:
+    path = Path(spec["path"])
+    if not path.is_file():
+        return f"hub:{spec['path']}:{spec.get('config')}:{spec.get('split')}"
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return "sha256:" + digest.hexdigest()
+
+
+def read_rows(spec: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """Rows of the dataset `spec` names, after the `columns:` renames and the `limit`."""
+    path = Path(spec["path"])
+    if path.is_file():
+        rows = read_file(path)
+    else:
+        rows = read_hub(spec, where)
+    if not rows:
+        raise KitError(f"{where}: dataset '{spec['path']}' is empty; it needs at least one row")
+    columns = spec.get("columns") or {}
+    if columns:
+        present = set(rows[0])
+        for source in columns:
+            if source not in present:
+                raise KitError(f"{where}: columns maps '{source}', but '{spec['path']}' has no such column "
+                               f"(columns: {', '.join(sorted(present))})")
+        rows = [{columns.get(k, k): v for k, v in row.items()} for row in rows]
+    if spec.get("limit"):
+        rows = rows[: spec["limit"]]
+    return rows
+
+
+def read_file(path: Path) -> list[dict[str, Any]]:
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        return read_jsonl(path)
+    if suffix == ".json":
+        return read_json(path)
+    if suffix in (".csv", ".parquet"):
+        import pandas as pd
+
+        try:
+            frame = pd.read_csv(path) if suffix == ".csv" else pd.read_parquet(path)
+        except Exception as error:  # pandas raises many types for a bad file
+            raise KitError(f"{path}: cannot read as {suffix[1:].upper()}: {str(error).splitlines()[0]}") from None
+        return frame.to_dict(orient="records")
+    raise KitError(f"{path}: unsupported dataset format '{suffix}'; use .jsonl, .json, .csv or .parquet")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise KitError(f"{path}: line {number} is not valid JSON ({error.msg} at column {error.colno})") from None
+            if not isinstance(row, dict):
+                raise KitError(f"{path}: line {number} must be a JSON object, got {type(row).__name__}")
+            rows.append(row)
+    return rows
+
+
+def read_json(path: Path) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise KitError(f"{path}: not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})") from None
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = data["data"]
+    if not isinstance(data, list) or not all(isinstance(row, dict) for row in data):
+        raise KitError(f"{path}: expected a JSON list of objects (or {{\"data\": [...]}})")
+    return data
+
+
+def read_hub(spec: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    import datasets
+
+    try:
+        dataset = datasets.load_dataset(spec["path"], spec.get("config"), split=spec.get("split") or "train")
+    except Exception as error:
+        raise KitError(f"{where}: cannot load hub dataset '{spec['path']}' ({type(error).__name__}: "
+                       f"{str(error).splitlines()[0][:200]}); check the name, or use a local file when offline") from None
+    return list(dataset)
+
+
+def require_columns(rows: list[dict[str, Any]], needed: list[list[str]], where: str, path: str) -> list[str]:
+    """Return the first column set in `needed` that the rows have, or fail naming what exists."""
+    present = set(rows[0])
+    for option in needed:
+        if all(column in present for column in option):
+            return option
+    wanted = " or ".join("+".join(option) for option in needed)
+    missing = [c for c in needed[0] if c not in present]
+    example = ""
+    if missing and present:
+        other = sorted(present - set(needed[0]))
+        if other:
+            example = f"; map yours with e.g. columns: {{{other[0]}: {missing[0]}}}"
+    raise KitError(f"{where}: dataset '{path}' needs columns {wanted}; it has {', '.join(sorted(present))}{example}")
+
+
+def to_dataset(rows: list[dict[str, Any]]):
+    import datasets
+
+    return datasets.Dataset.from_list(rows)

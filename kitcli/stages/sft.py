@@ -1,0 +1,85 @@
+"""SFT stage: TRL's SFTTrainer on prompt/completion, messages or plain text data.
+
+    kit run tiny-sft
+    kit sft --model tiny --data examples/data/arithmetic_sft.jsonl --set stages.sft.train.max_steps=20
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kitcli.backend import cuda_available, load_policy, save_model
+from kitcli.data import read_rows, require_columns, to_dataset
+from kitcli.progress import attach_progress, read_metrics, truncate_metrics
+from kitcli.runner import StageContext, last_checkpoint
+from kitcli.trl_config import build_config, config_dict, explicit_values
+
+COLUMN_OPTIONS = [["prompt", "completion"], ["messages"], ["text"]]
+
+
+def stage_defaults(ctx: StageContext) -> dict[str, Any]:
+    return {
+        "max_length": ctx.model["max_seq_length"],
+        "packing": False,
+        "completion_only_loss": True,
+        "assistant_only_loss": False,
+        "dataset_text_field": "text",
+        "loss_type": "nll",
+    }
+
+
+def make_config(ctx: StageContext):
+    from trl import SFTConfig
+
+    return build_config(SFTConfig, stage_defaults=stage_defaults(ctx), train=ctx.stage.get("train", {}),
+                        where=ctx.where, output_dir=ctx.stage_dir / "checkpoints", seed=ctx.seed,
+                        on_gpu=cuda_available())
+
+
+def load_rows(ctx: StageContext) -> list[dict[str, Any]]:
+    spec = ctx.stage["data"]
+    rows = read_rows(spec, ctx.where)
+    columns = require_columns(rows, COLUMN_OPTIONS, ctx.where, spec["path"])
+    return [{c: row[c] for c in columns} for row in rows]
+
+
+def describe(ctx: StageContext) -> dict[str, Any]:
+    from kitcli.backend import choose_backend, prepare_backend
+
+    prepare_backend(choose_backend(ctx.model["backend"]))
+    rows = load_rows(ctx)
+    config = make_config(ctx)
+    return {"init": ctx.stage.get("init") or "base model", "data": ctx.stage["data"]["path"], "rows": len(rows),
+            "SFTConfig": explicit_values(config, stage_defaults(ctx), ctx.stage.get("train", {}))}
+
+
+def run(ctx: StageContext) -> dict[str, Any]:
+    rows = load_rows(ctx)
+    loaded = load_policy(
+        ctx.model["name"], max_seq_length=ctx.model["max_seq_length"], load_in_4bit=ctx.model["load_in_4bit"],
+        lora=ctx.recipe.data["lora"], backend=ctx.model["backend"], dtype=ctx.model["dtype"], seed=ctx.seed,
+        init_from=ctx.init_dir, trust_remote_code=ctx.model["trust_remote_code"], log=ctx.log,
+    )
+    from trl import SFTTrainer
+
+    config = make_config(ctx)
+    (ctx.stage_dir / "config.json").write_text(json.dumps(config_dict(config), indent=2))
+    trainer = SFTTrainer(model=loaded.model, args=config, train_dataset=to_dataset(rows),
+                         processing_class=loaded.tokenizer)
+    metrics_path = ctx.stage_dir / "metrics.jsonl"
+    attach_progress(trainer, ctx.name, metrics_path, ctx.console)
+    resume = last_checkpoint(ctx.stage_dir)
+    if resume is not None:
+        step = int(resume.name.split("-")[-1])
+        truncate_metrics(metrics_path, step)
+        ctx.log(f"resuming {ctx.name} from {resume.name} (step {step})")
+    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    save_model(loaded.model, loaded.tokenizer, ctx.stage_dir)
+    losses = [row["loss"] for row in read_metrics(metrics_path) if "loss" in row]
+    summary = {"steps": trainer.state.global_step, "resumed_from": resume.name if resume else None,
+               "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+               "backend": loaded.backend}
+    if losses:
+        summary["headline"] = f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+    return summary

@@ -1,0 +1,90 @@
+"""Small synthetic datasets the kit ships in `examples/data/` (regenerate with `python -m kitcli.synthetic`).
+
+Every row is made here from a seed; nothing is copied from elsewhere. The task is one-step word problems
+over single-digit sums ("Ada has 3 apples and gets 5 more. How many apples does Ada have?" -> "8"). The tiny
+base model knows the sums as plain text ("3+5=8", from its pretraining in `kitcli/tiny.py`); fine-tuning teaches
+it to read the question and answer in the chat format. The held-out split uses (a, b) pairs that no training
+file contains, so exact match on it measures a learned skill, not memorised rows.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+NAMES = ["Ada", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gus", "Hana", "Ivo", "Jun"]
+THINGS = ["apples", "books", "coins", "cards", "shells", "stamps", "pens", "cups"]
+HELD_OUT_PAIRS = 20
+
+
+def split_pairs(seed: int = 0) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """All single-digit (a, b) pairs, split into training pairs and held-out pairs never trained on."""
+    pairs = [(a, b) for a in range(10) for b in range(10)]
+    random.Random(seed).shuffle(pairs)
+    return sorted(pairs[HELD_OUT_PAIRS:]), sorted(pairs[:HELD_OUT_PAIRS])
+
+
+def word_problem(a: int, b: int, rng: random.Random) -> dict:
+    name, thing = rng.choice(NAMES), rng.choice(THINGS)
+    question = f"{name} has {a} {thing} and gets {b} more. How many {thing} does {name} have?"
+    return {"question": question, "answer": str(a + b)}
+
+
+def word_problems(pairs: list[tuple[int, int]], n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [word_problem(*rng.choice(pairs), rng) for _ in range(n)]
+
+
+def chat(text: str, role: str = "user") -> list[dict]:
+    return [{"role": role, "content": text}]
+
+
+def sft_rows(problems: list[dict]) -> list[dict]:
+    """Conversational prompt/completion rows (TRL's format), with the answer kept for evaluation."""
+    return [{"prompt": chat(p["question"]), "completion": chat(p["answer"], "assistant"), "answer": p["answer"]}
+            for p in problems]
+
+
+def prompt_rows(problems: list[dict]) -> list[dict]:
+    return [{"prompt": chat(p["question"]), "answer": p["answer"]} for p in problems]
+
+
+def preference_rows(problems: list[dict], seed: int) -> list[dict]:
+    """Chosen is the right sum; rejected is off by one to three (a plausible mistake, not noise)."""
+    rng = random.Random(seed)
+    rows = []
+    for p in problems:
+        right = int(p["answer"])
+        wrong = max(0, right + rng.choice([-1, 1]) * rng.randint(1, 3))
+        wrong = wrong if wrong != right else right + 1
+        rows.append({"prompt": chat(p["question"]), "chosen": chat(str(right), "assistant"),
+                     "rejected": chat(str(wrong), "assistant")})
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def write_all(out_dir: Path) -> list[Path]:
+    train, held_out = split_pairs()
+    files = {
+        "arithmetic_sft.jsonl": sft_rows(word_problems(train, 800, seed=1)),
+        "arithmetic_eval.jsonl": sft_rows(word_problems(held_out, 100, seed=2)),
+        "arithmetic_prompts.jsonl": prompt_rows(word_problems(train, 400, seed=3)),
+        "arithmetic_prefs.jsonl": preference_rows(word_problems(train, 400, seed=4), seed=5),
+    }
+    for name, rows in files.items():
+        write_jsonl(out_dir / name, rows)
+    return [out_dir / name for name in files]
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent / "examples" / "data"
+    for path in write_all(target):
+        print(path)

@@ -1,0 +1,1 @@
+"""Shipped recipes: one YAML file each; `kit recipes list` shows them."""

@@ -1,0 +1,1 @@
+"""Pluggable reward functions: plain callables `fn(prompts, completions, **columns) -> list[float | None]`."""
