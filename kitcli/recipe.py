@@ -20,11 +20,21 @@ from kitcli.errors import KitError, closest, did_you_mean
 # stage type -> module with build_config(ctx) / run(ctx); types added by later stages register here.
 STAGE_MODULES = {
     "sft": "kitcli.stages.sft",
+    "reward": "kitcli.stages.reward",
+    "dpo": "kitcli.stages.dpo",
+    "grpo": "kitcli.stages.grpo",
+    "gspo": "kitcli.stages.gspo",
+    "ppo": "kitcli.stages.ppo",
     "eval": "kitcli.stages.eval",
 }
 # Keys each stage type accepts on top of COMMON_STAGE_KEYS.
 STAGE_KEYS = {
     "sft": {"data", "train"},
+    "reward": {"data", "train", "eval_data"},
+    "dpo": {"data", "train"},
+    "grpo": {"data", "train", "variant", "rewards", "reward_model"},
+    "gspo": {"data", "train", "rewards", "reward_model", "allow_on_policy"},
+    "ppo": {"data", "train", "rewards", "reward_model"},
     "eval": {"data", "generation"},
 }
 COMMON_STAGE_KEYS = {"name", "type", "init"}

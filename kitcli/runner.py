@@ -181,24 +181,30 @@ def stage_done(stage_dir: Path) -> dict[str, Any] | None:
         return None
 
 
+def preflight(recipe: Recipe, run_dir: Path, console: Console) -> list[dict[str, Any]]:
+    """Validate every stage (data, columns, TRL config fields) before anything trains; returns the
+    resolved configuration of each stage. No model is loaded."""
+    outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
+    return [stage_module(stage["type"]).describe(StageContext(recipe, stage, run_dir, console, outputs))
+            for stage in recipe.stages]
+
+
 def dry_run(recipe: Recipe, console: Console) -> None:
     """Print every stage's resolved configuration (the TRL config values after the kit's defaults)."""
-    run_dir = Path("runs") / f"{recipe.name}-DRYRUN"
-    outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
+    described = preflight(recipe, Path("runs") / f"{recipe.name}-DRYRUN", console)
     header = {k: recipe.data[k] for k in ("name", "seed", "model", "lora")}
     console.print(yaml.safe_dump(header, sort_keys=False).rstrip(), highlight=False, markup=False)
-    for index, stage in enumerate(recipe.stages, start=1):
-        ctx = StageContext(recipe, stage, run_dir, console, outputs)
-        described = stage_module(stage["type"]).describe(ctx)
+    for index, (stage, resolved) in enumerate(zip(recipe.stages, described), start=1):
         console.print(f"\n# stage {index}/{len(recipe.stages)}: {stage['name']} ({stage['type']})",
                       highlight=False, markup=False)
-        console.print(yaml.safe_dump(described, sort_keys=False, default_flow_style=None).rstrip(),
+        console.print(yaml.safe_dump(resolved, sort_keys=False, default_flow_style=None).rstrip(),
                       highlight=False, markup=False)
 
 
 def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Console) -> Path:
     lock = make_lock(recipe)
     run_dir = choose_run_dir(recipe, output, lock)
+    preflight(recipe, run_dir, console)
     existing = read_lock(run_dir)
     if existing is not None:
         differs = same_run(existing, lock)

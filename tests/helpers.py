@@ -1,0 +1,46 @@
+"""Helpers for tests: write a recipe, run the CLI in-process, read a run's files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from click.testing import CliRunner
+
+from kitcli.cli import main
+
+DATA = Path(__file__).resolve().parent.parent / "examples" / "data"
+TINY_MODEL = {"name": "tiny", "max_seq_length": 128, "load_in_4bit": True, "dtype": "float32"}
+SMALL_LORA = {"r": 8, "alpha": 16, "dropout": 0.0,
+              "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+
+
+def write_recipe(path: Path, stages: list[dict[str, Any]], **top: Any) -> Path:
+    recipe = {"name": top.pop("name", "test"), "seed": top.pop("seed", 0), "model": top.pop("model", TINY_MODEL),
+              "lora": top.pop("lora", SMALL_LORA), "stages": stages, **top}
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def run_cli(*args: str, expect: int | None = 0):
+    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=True)
+    if expect is not None and result.exit_code != expect:
+        raise AssertionError(f"kit {' '.join(map(str, args))} exited {result.exit_code} (wanted {expect}):\n"
+                             f"{result.output}\n{result.exception!r}")
+    return result
+
+
+def metrics(stage_dir: Path) -> list[dict[str, Any]]:
+    path = stage_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def done(stage_dir: Path) -> dict[str, Any]:
+    return json.loads((stage_dir / "DONE").read_text())
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file under `directory` with its bytes, to check that a failed command changed nothing."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
