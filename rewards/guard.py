@@ -1,0 +1,115 @@
+"""Rewards during training: check what each reward returns, name the reward and sample at fault, time them.
+
+A reward that raises, returns the wrong number of scores, NaN or a non-number stops the run with a KitError
+naming the reward, the sample index and the value. With `on_error: skip` the sample scores None instead (TRL
+then ignores that reward for that sample) and the skip is counted in the metrics.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from numbers import Real
+from typing import Any, Callable
+
+from kitcli.errors import KitError
+from rewards.registry import LoadedReward
+
+
+@dataclass
+class RewardStats:
+    """Per-reward seconds and skipped samples since the last `pop_metrics`."""
+
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    calls: int = 0
+
+    def pop_metrics(self) -> dict[str, float]:
+        metrics = {f"reward_seconds/{name}": round(value, 4) for name, value in self.seconds.items()}
+        metrics.update({f"reward_skipped/{name}": count for name, count in self.skipped.items()})
+        if self.seconds:
+            metrics["reward_seconds/total"] = round(sum(self.seconds.values()), 4)
+        self.seconds.clear()
+        self.skipped.clear()
+        return metrics
+
+
+def check_score(value: Any) -> float | None:
+    """The score as a float, None for "no score"; raises ValueError for anything else."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise ValueError(f"{value!r} is not a number")
+    value = float(value)
+    if math.isnan(value) or math.isinf(value):
+        raise ValueError(f"{value!r} is not a finite number")
+    return value
+
+
+def guard_reward(reward: LoadedReward, stats: RewardStats) -> Callable[..., list[float | None]]:
+    """Wrap `reward.fn` for a trainer; the wrapper keeps the reward's `__name__` (TRL logs by it)."""
+
+    def call(prompts, completions, **kwargs):
+        return reward.fn(prompts=prompts, completions=completions, **kwargs)
+
+    def guarded(prompts, completions, **kwargs) -> list[float | None]:
+        started = time.perf_counter()
+        try:
+            try:
+                raw = call(prompts, completions, **kwargs)
+            except KitError:
+                raise
+            except Exception as error:
+                index = failing_sample(call, prompts, completions, kwargs)
+                if reward.on_error == "skip":
+                    stats.skipped[reward.name] += len(completions)
+                    return [None] * len(completions)
+                at = f" on sample {index}" if index is not None else ""
+                raise KitError(f"reward '{reward.name}' raised {type(error).__name__}: {error}{at}; fix the function "
+                               f"or set on_error: skip on it") from None
+            if raw is None or not hasattr(raw, "__len__") or len(raw) != len(completions):
+                got = len(raw) if hasattr(raw, "__len__") else type(raw).__name__
+                raise KitError(f"reward '{reward.name}' returned {got} scores for {len(completions)} completions; "
+                               f"it must return one float (or None) per completion")
+            scores: list[float | None] = []
+            for index, value in enumerate(raw):
+                try:
+                    scores.append(check_score(value))
+                except ValueError as problem:
+                    if reward.on_error == "skip":
+                        stats.skipped[reward.name] += 1
+                        scores.append(None)
+                        continue
+                    raise KitError(f"reward '{reward.name}' returned {problem} for sample {index}; return a float "
+                                   f"or None per completion, or set on_error: skip") from None
+            return scores
+        finally:
+            stats.seconds[reward.name] += time.perf_counter() - started
+
+    guarded.__name__ = reward.name
+    guarded.__qualname__ = reward.name
+    guarded.__doc__ = reward.fn.__doc__
+    return guarded
+
+
+def failing_sample(call, prompts, completions, kwargs) -> int | None:
+    """Re-run the reward one sample at a time to find the index that raises."""
+    for index in range(len(completions)):
+        single = {k: (v[index:index + 1] if isinstance(v, list) and len(v) == len(completions) else v)
+                  for k, v in kwargs.items()}
+        try:
+            call(prompts[index:index + 1], completions[index:index + 1], **single)
+        except Exception:
+            return index
+    return None
+
+
+def guard_rewards(rewards: list[LoadedReward], stats: RewardStats) -> list[Callable[..., list[float | None]]]:
+    names = [r.name for r in rewards]
+    duplicates = {n for n in names if names.count(n) > 1}
+    if duplicates:
+        raise KitError(f"rewards: two rewards are both named '{sorted(duplicates)[0]}'; metrics are logged by name, "
+                       f"so give each a distinct function (factories can set __name__)")
+    return [guard_reward(r, stats) for r in rewards]
