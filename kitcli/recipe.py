@@ -8,6 +8,7 @@ class when the stage builds its config (`kitcli/trl_config.py`).
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -32,8 +33,8 @@ STAGE_KEYS = {
     "sft": {"data", "train"},
     "reward": {"data", "train", "eval_data"},
     "dpo": {"data", "train"},
-    "grpo": {"data", "train", "variant", "rewards", "reward_model"},
-    "gspo": {"data", "train", "rewards", "reward_model", "allow_on_policy"},
+    "grpo": {"data", "train", "variant", "rewards", "reward_model", "system_prompt"},
+    "gspo": {"data", "train", "rewards", "reward_model", "allow_on_policy", "system_prompt"},
     "ppo": {"data", "train", "rewards", "reward_model"},
     "eval": {"data", "generation"},
 }
@@ -83,6 +84,25 @@ class Recipe:
         raise KeyError(name)
 
 
+class RecipeLoader(yaml.SafeLoader):
+    """The safe loader, reading `1e-4` as a float (YAML 1.1 wants `1.0e-4`, which nobody writes)."""
+
+
+RecipeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+][0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=RecipeLoader)
+
+
 def shipped_recipes_dir() -> Path:
     return Path(str(resources.files("recipes")))
 
@@ -114,7 +134,7 @@ def read_yaml(path: Path) -> Any:
     except OSError as error:
         raise KitError(f"cannot read recipe file '{path}': {error.strerror}") from None
     try:
-        return yaml.safe_load(text)
+        return parse_yaml(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -138,7 +158,10 @@ def apply_overrides(raw: dict, overrides: list[str], source: str) -> dict:
         if "=" not in item:
             raise KitError(f"--set '{item}': expected KEY=VALUE, e.g. stages.sft.train.learning_rate=1e-4")
         key, text = item.split("=", 1)
-        value = yaml.safe_load(text) if text.strip() else ""
+        try:
+            value = parse_yaml(text) if text.strip() else ""
+        except yaml.YAMLError:
+            raise KitError(f"--set '{item}': the value is not valid YAML; quote it") from None
         parts = key.strip().split(".")
         node: Any = data
         for i, part in enumerate(parts[:-1]):
@@ -147,9 +170,11 @@ def apply_overrides(raw: dict, overrides: list[str], source: str) -> dict:
                 continue
             if not isinstance(node, dict):
                 raise KitError(f"--set '{item}': '{'.'.join(parts[:i])}' is not a mapping in {source}")
-            node = node.setdefault(part, {})
-            if node is None:
-                node = {}
+            if part == "model" and i == 0 and isinstance(node.get(part), str):
+                node[part] = {"name": node[part]}  # `model: tiny` shorthand
+            if node.get(part) is None:
+                node[part] = {}
+            node = node[part]
         last = parts[-1]
         if isinstance(node, list):
             raise KitError(f"--set '{item}': name a key inside the stage, e.g. stages.sft.train.max_steps=10")
