@@ -1,0 +1,67 @@
+"""Dataset loading: every local format, the columns mapping, limits, and the errors for bad files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kitcli.data import fingerprint, read_rows, require_columns
+from kitcli.errors import KitError
+
+ROWS = [{"question": "1+1=", "answer": "2"}, {"question": "2+2=", "answer": "4"}]
+
+
+@pytest.fixture(params=["jsonl", "json", "json-data", "csv", "parquet"])
+def data_file(request, tmp_path):
+    import pandas as pd
+
+    kind = request.param
+    path = tmp_path / f"rows.{kind.split('-')[0]}"
+    if kind == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in ROWS) + "\n")  # a blank line is skipped
+    elif kind == "json":
+        path.write_text(json.dumps(ROWS))
+    elif kind == "json-data":
+        path.write_text(json.dumps({"data": ROWS}))
+    elif kind == "csv":
+        pd.DataFrame(ROWS).to_csv(path, index=False)
+    else:
+        pd.DataFrame(ROWS).to_parquet(path)
+    return path
+
+
+def test_every_format_reads_the_same_rows(data_file):
+    rows = read_rows({"path": str(data_file), "columns": {"question": "prompt"}}, "test")
+    assert [(r["prompt"], str(r["answer"])) for r in rows] == [("1+1=", "2"), ("2+2=", "4")]
+
+
+def test_limit_and_fingerprint(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    assert len(read_rows({"path": str(path), "limit": 1}, "test")) == 1
+    first = fingerprint({"path": str(path)})
+    path.write_text(json.dumps(ROWS[0]) + "\n")
+    assert first.startswith("sha256:") and fingerprint({"path": str(path)}) != first
+
+
+def test_mapping_a_missing_column_names_the_columns(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_text(json.dumps(ROWS[0]) + "\n")
+    with pytest.raises(KitError, match=r"no such column \(columns: answer, question\)"):
+        read_rows({"path": str(path), "columns": {"query": "prompt"}}, "test")
+
+
+def test_require_columns_suggests_a_mapping():
+    with pytest.raises(KitError) as error:
+        require_columns(ROWS, [["prompt", "completion"], ["text"]], "stage 'sft'", "rows.jsonl")
+    message = error.value.format_message()
+    assert "needs columns prompt+completion or text" in message and "it has answer, question" in message
+    assert "columns: {answer: prompt}" in message
+
+
+def test_bad_json_file(tmp_path):
+    path = tmp_path / "a.json"
+    path.write_text('{"data": [1, 2}')
+    with pytest.raises(KitError, match="a.json: not valid JSON"):
+        read_rows({"path": str(path)}, "test")
