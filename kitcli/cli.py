@@ -9,14 +9,25 @@ import click
 
 from kitcli import __version__
 from kitcli.errors import KitError
+from kitcli.eval_cli import eval_command, report_command
+from kitcli.rewards_cli import rewards
 
 SET_HELP = "Override a recipe value, e.g. stages.sft.train.learning_rate=1e-4 (repeatable)."
 
 
-def make_console(quiet: bool = False):
+def make_console(quiet: bool = False, stderr: bool = False):
     from rich.console import Console
 
-    return Console(quiet=quiet, highlight=False)
+    return Console(quiet=quiet, highlight=False, stderr=stderr)
+
+
+def output_options(command):
+    """--quiet and --json: how progress is shown (default: a live dashboard on a terminal, plain lines elsewhere)."""
+    command = click.option("--json", "as_json", is_flag=True,
+                           help="One JSON object per logging step (and a final summary) on stdout; all other "
+                                "output goes to stderr.")(command)
+    return click.option("--quiet", "-q", is_flag=True,
+                        help="No progress or tables; only alarms (stderr) and the run directory at the end.")(command)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -32,12 +43,14 @@ def main() -> None:
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
 @click.option("--dry-run", is_flag=True, help="Print the resolved configuration of every stage and exit.")
 @click.option("--force", is_flag=True, help="Redo every stage, even finished ones.")
-def run(recipe: str, output: str | None, overrides: tuple[str, ...], dry_run: bool, force: bool) -> None:
+@output_options
+def run(recipe: str, output: str | None, overrides: tuple[str, ...], dry_run: bool, force: bool, quiet: bool,
+        as_json: bool) -> None:
     """Run a recipe: a shipped name (see `kit recipes list`) or a YAML file."""
     from kitcli.recipe import load_recipe
 
     loaded = load_recipe(recipe, list(overrides))
-    execute(loaded, output=output, dry_run=dry_run, force=force)
+    execute(loaded, output=output, dry_run=dry_run, force=force, quiet=quiet, as_json=as_json)
 
 
 @main.command()
@@ -48,26 +61,50 @@ def run(recipe: str, output: str | None, overrides: tuple[str, ...], dry_run: bo
               help="Override a value, e.g. stages.sft.train.max_steps=20 or lora.r=8 (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Print the resolved configuration and exit.")
 @click.option("--force", is_flag=True, help="Redo the stage even if it finished.")
-def sft(model: str, data: str, output: str | None, overrides: tuple[str, ...], dry_run: bool, force: bool) -> None:
+@output_options
+def sft(model: str, data: str, output: str | None, overrides: tuple[str, ...], dry_run: bool, force: bool,
+        quiet: bool, as_json: bool) -> None:
     """Run a one-stage SFT recipe without a recipe file."""
     from kitcli.recipe import recipe_for_single_stage
 
     loaded = recipe_for_single_stage("sft", model, data, list(overrides))
-    execute(loaded, output=output, dry_run=dry_run, force=force)
+    execute(loaded, output=output, dry_run=dry_run, force=force, quiet=quiet, as_json=as_json)
 
 
-def execute(recipe, *, output: str | None, dry_run: bool, force: bool) -> None:
-    from kitcli import runner
+def output_mode(quiet: bool, as_json: bool) -> str:
+    if quiet and as_json:
+        raise KitError("--quiet and --json exclude each other; use --json for machine-readable progress, "
+                       "--quiet for none")
+    return "json" if as_json else "quiet" if quiet else "auto"
 
-    console = make_console()
+
+def execute(recipe, *, output: str | None, dry_run: bool, force: bool, quiet: bool = False,
+            as_json: bool = False) -> None:
+    import contextlib
+
+    from kitcli import progress, runner
+
+    mode = output_mode(quiet, as_json)
+    console = make_console(quiet=mode == "quiet", stderr=mode == "json")
     if dry_run:
         runner.dry_run(recipe, console)
         return
+    from kitcli.interrupt import StageInterrupted
+
+    stdout = sys.stdout
+    # --quiet / --json: stdout carries only what was asked for; libraries' prints go to stderr
+    quiet_stdout = contextlib.redirect_stdout(sys.stderr) if mode != "auto" else contextlib.nullcontext()
     try:
-        run_dir = runner.run_recipe(recipe, output=output, force=force, console=console)
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted; run the same command again to resume from the last checkpoint", err=True)
+        with progress.output_mode(mode, json_stream=stdout), quiet_stdout:
+            run_dir = runner.run_recipe(recipe, output=output, force=force, console=console)
+    except StageInterrupted as stop:
+        click.echo(f"kit: {stop}", err=True)
         sys.exit(130)
+    except KeyboardInterrupt:
+        click.echo("\nkit: aborted; run the same command again to resume from the last checkpoint", err=True)
+        sys.exit(130)
+    if mode == "quiet":
+        click.echo(f"done: {run_dir}")
     console.print(f"done: {run_dir}", highlight=False, markup=False)
 
 
@@ -101,6 +138,11 @@ def recipes_show(name: str) -> None:
     if name not in shipped_recipes():
         find_recipe(name)  # raises with the closest names
     click.echo(shipped_recipes()[name].read_text(), nl=False)
+
+
+main.add_command(rewards)
+main.add_command(eval_command)
+main.add_command(report_command)
 
 
 if __name__ == "__main__":

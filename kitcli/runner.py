@@ -30,9 +30,10 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from kitcli import __version__
+from kitcli import __version__, interrupt, launch
 from kitcli.data import fingerprint
 from kitcli.errors import KitError
+from kitcli.progress import emit_json, stage_display
 from kitcli.recipe import STAGE_MODULES, Recipe
 
 LOCK_NAME = "recipe.lock.yaml"
@@ -202,20 +203,29 @@ def dry_run(recipe: Recipe, console: Console) -> None:
 
 
 def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Console) -> Path:
+    # Under `kit run --launcher` every process runs this; only the main one writes files (kitcli/launch.py).
+    main = launch.is_main_process()
+    if not main:
+        console = Console(quiet=True)
     lock = make_lock(recipe)
     run_dir = choose_run_dir(recipe, output, lock)
     preflight(recipe, run_dir, console)
-    existing = read_lock(run_dir)
-    if existing is not None:
-        differs = same_run(existing, lock)
-        if differs and not force:
-            raise KitError(f"{run_dir} holds a run of a different recipe ({differs} differs); use another --output, "
-                           f"or --force to redo it with this recipe")
-    elif run_dir.exists() and any(run_dir.iterdir()) and not force:
-        raise KitError(f"{run_dir} exists and is not a kit run directory; choose another --output")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(run_dir / LOCK_NAME, yaml.safe_dump(lock, sort_keys=False))
+    if main:
+        existing = read_lock(run_dir)
+        if existing is not None:
+            differs = same_run(existing, lock)
+            if differs and not force:
+                raise KitError(f"{run_dir} holds a run of a different recipe ({differs} differs); use another "
+                               f"--output, or --force to redo it with this recipe")
+        elif run_dir.exists() and any(run_dir.iterdir()) and not force:
+            raise KitError(f"{run_dir} exists and is not a kit run directory; choose another --output")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(run_dir / LOCK_NAME, yaml.safe_dump(lock, sort_keys=False))
+    launch.barrier()
     console.print(f"run directory: {run_dir}", highlight=False, markup=False)
+    if recipe.data["model"].get("trust_remote_code"):
+        console.print("warning: model.trust_remote_code is on: the model's own Python code from its repository will run",
+                      highlight=False, markup=False)
 
     outputs: dict[str, Path] = {}
     results: list[tuple[dict[str, Any], dict[str, Any], str]] = []
@@ -229,21 +239,80 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
             results.append((stage, done, "skipped (done)"))
             outputs[stage["name"]] = ctx.stage_dir
             continue
-        if force and ctx.stage_dir.exists():
-            shutil.rmtree(ctx.stage_dir)
-        ctx.stage_dir.mkdir(parents=True, exist_ok=True)
+        if main:
+            if force and ctx.stage_dir.exists():
+                shutil.rmtree(ctx.stage_dir)
+            ctx.stage_dir.mkdir(parents=True, exist_ok=True)
+        launch.barrier()
+        if not main and stage["type"] == "eval":  # generation is not distributed: the main process evaluates
+            launch.barrier()
+            outputs[stage["name"]] = ctx.stage_dir
+            results.append((stage, stage_done(ctx.stage_dir) or {}, "ran (main process)"))
+            continue
         console.rule(f"stage {index}/{total}: {stage['name']} ({stage['type']})")
         started = time.time()
-        summary = stage_module(stage["type"]).run(ctx)
+        with stage_display(index, total, stage["type"]):
+            summary = run_stage(ctx)
         summary = {**summary, "seconds": round(time.time() - started, 2)}
-        write_atomic(ctx.stage_dir / DONE_NAME, json.dumps(summary, indent=2, default=str))
+        if main:
+            write_atomic(ctx.stage_dir / DONE_NAME, json.dumps(summary, indent=2, default=str))
+        launch.barrier()
         outputs[stage["name"]] = ctx.stage_dir
         results.append((stage, summary, "ran"))
-    print_summary(results, console)
+    if not main:
+        return run_dir
+    report = write_run_report(run_dir, console)
+    print_summary(results, console, report=report, run_dir=run_dir)
     return run_dir
 
 
-def print_summary(results, console: Console) -> None:
+def write_run_report(run_dir: Path, console: Console) -> Path | None:
+    """report.md and plots; a failure here must not fail a finished run (`kit report RUN_DIR` retries)."""
+    from kitcli.report import write_report
+
+    try:
+        return write_report(run_dir)
+    except Exception as error:  # noqa: BLE001  (matplotlib, a full disk, ...)
+        console.print(f"could not write the report ({type(error).__name__}: {error}); retry with "
+                      f"`kit report {run_dir}`", highlight=False, markup=False)
+        return None
+
+
+def run_stage(ctx: StageContext) -> dict[str, Any]:
+    """Run one stage with clean-stop signal handling; a requested stop leaves the stage unfinished (no DONE)."""
+    interrupt.install_handlers()
+    try:
+        summary = stage_module(ctx.stage["type"]).run(ctx)
+    except Exception as error:
+        if type(error).__name__ == "OutOfMemoryError":
+            raise out_of_memory(ctx) from None
+        raise
+    finally:
+        interrupt.restore_handlers()
+    if interrupt.requested():
+        checkpoint = last_checkpoint(ctx.stage_dir)
+        saved = f"checkpoint saved at {checkpoint}; " if checkpoint else ""
+        raise interrupt.StageInterrupted(f"stage '{ctx.name}' stopped by {interrupt.requested()}; {saved}run the same "
+                                         f"command again to resume")
+    return summary
+
+
+MEMORY_SETTINGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "max_length",
+                   "max_completion_length", "num_generations", "generation_batch_size", "response_length")
+
+
+def out_of_memory(ctx: StageContext) -> KitError:
+    train = ctx.stage.get("train", {})
+    settings = ", ".join(f"{k}={train[k]}" for k in MEMORY_SETTINGS if k in train) or "the stage's train settings"
+    return KitError(f"stage '{ctx.name}' ran out of GPU memory ({settings}; lora.r={(ctx.recipe.data['lora'] or {}).get('r')}, "
+                    f"model.max_seq_length={ctx.model['max_seq_length']}); lower per_device_train_batch_size (raise "
+                    f"gradient_accumulation_steps to keep the batch), the lengths or num_generations, or lora.r; "
+                    f"`kit plan {ctx.recipe.source}` estimates the memory of each stage")
+
+
+def print_summary(results, console: Console, report: Path | None = None, run_dir: Path | None = None) -> None:
+    from kitcli.report import before_after
+
     table = Table(title="stages")
     for column in ("stage", "type", "status", "seconds", "result"):
         table.add_column(column)
@@ -251,11 +320,17 @@ def print_summary(results, console: Console) -> None:
         table.add_row(stage["name"], stage["type"], status, str(summary.get("seconds", "")), summary.get("headline", ""))
     console.print(table)
     evals = [(stage, summary) for stage, summary, _ in results if stage["type"] == "eval"]
-    if len(evals) >= 2:
-        table = Table(title="evaluation (held-out)")
-        for column in ("eval stage", "model", "exact match", "n"):
+    if evals:
+        header, rows = before_after(evals)
+        table = Table(title="evaluation (held-out): before and after training")
+        for column in header:
             table.add_column(column)
-        for stage, summary in evals:
-            table.add_row(stage["name"], stage.get("init") or "base", f"{summary.get('exact_match', 0):.3f}",
-                          str(summary.get("n", "")))
+        for index, row in enumerate(rows):
+            table.add_row(*row, end_section=index == len(evals) - 1)
         console.print(table)
+    if report is not None:
+        console.print(f"report: {report}", highlight=False, markup=False)
+    emit_json({"event": "summary", "run_dir": str(run_dir) if run_dir else None,
+               "report": str(report) if report else None,
+               "stages": [{"name": stage["name"], "type": stage["type"], "status": status, **summary}
+                          for stage, summary, status in results]})
