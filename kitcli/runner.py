@@ -102,9 +102,22 @@ def dataset_fingerprints(recipe: Recipe) -> dict[str, str]:
     return prints
 
 
+SECRET_KEY_PARTS = ("token", "api_key", "apikey", "secret", "password")
+
+
+def redact(value: Any) -> Any:
+    """A copy of `value` with every mapping entry whose key names a secret replaced by "<redacted>"."""
+    if isinstance(value, dict):
+        return {k: "<redacted>" if any(p in str(k).lower() for p in SECRET_KEY_PARTS) else redact(v)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value
+
+
 def make_lock(recipe: Recipe) -> dict[str, Any]:
     return {
-        "recipe": recipe.data,
+        "recipe": redact(recipe.data),
         "source": recipe.source,
         "seed": recipe.data["seed"],
         "datasets": dataset_fingerprints(recipe),

@@ -86,11 +86,15 @@ def explicit_values(config, stage_defaults: dict[str, Any], train: dict[str, Any
         if hasattr(config, key):
             value = getattr(config, key)
             out[key] = getattr(value, "value", value)
-    return out
+    from kitcli.runner import redact
+
+    return redact(out)
 
 
 def config_dict(config) -> dict[str, Any]:
     """All fields, JSON-safe, with secrets left out."""
+    from kitcli.runner import redact
+
     raw = config.to_dict()
-    return {k: (v if isinstance(v, (int, float, str, bool, type(None), list, dict)) else str(v))
-            for k, v in raw.items() if "token" not in k}
+    return redact({k: (v if isinstance(v, (int, float, str, bool, type(None), list, dict)) else str(v))
+                   for k, v in raw.items()})
