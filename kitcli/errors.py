@@ -21,3 +21,27 @@ def closest(word: str, choices, n: int = 1) -> list[str]:
 def did_you_mean(word: str, choices) -> str:
     match = closest(word, choices)
     return f"; did you mean '{match[0]}'?" if match else ""
+
+
+class KitGroup(click.Group):
+    """The `kit` group: usage errors (bad options, missing arguments) print as one line, exit status 2, like
+    every other user error, instead of Click's usage block."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        import sys
+
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as error:
+            path = error.ctx.command_path if error.ctx is not None else "kit"
+            click.echo(f"Error: {error.format_message()} (see `{path} --help`)", err=True)
+            sys.exit(2)
+        except click.ClickException as error:
+            error.show()
+            sys.exit(error.exit_code)
+        except click.Abort:
+            click.echo("Aborted.", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
