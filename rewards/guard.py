@@ -1,8 +1,10 @@
 """Rewards during training: check what each reward returns, name the reward and sample at fault, time them.
 
 A reward that raises, returns the wrong number of scores, NaN or a non-number stops the run with a KitError
-naming the reward, the sample index and the value. With `on_error: skip` the sample scores None instead (TRL
-then ignores that reward for that sample) and the skip is counted in the metrics.
+naming the reward, the sample index and the value. With `on_error: skip` the failing sample scores None instead
+(TRL then ignores that reward for that sample; when the whole batch raised, each sample is scored alone so only
+the failing ones are skipped) and the skips are counted in the metrics (`reward_skipped/<name>`), next to the
+seconds spent in each reward (`reward_seconds/<name>`, `reward_seconds/total`).
 """
 
 from __future__ import annotations
@@ -62,17 +64,21 @@ def guard_reward(reward: LoadedReward, stats: RewardStats) -> Callable[..., list
             except KitError:
                 raise
             except Exception as error:
-                index = failing_sample(call, prompts, completions, kwargs)
                 if reward.on_error == "skip":
-                    stats.skipped[reward.name] += len(completions)
-                    return [None] * len(completions)
-                at = f" on sample {index}" if index is not None else ""
+                    return score_one_by_one(call, prompts, completions, kwargs, reward.name, stats)
+                index = failing_sample(call, prompts, completions, kwargs)
+                at = f" on sample {index} (completion {short(completions[index])})" if index is not None else ""
                 raise KitError(f"reward '{reward.name}' raised {type(error).__name__}: {error}{at}; fix the function "
                                f"or set on_error: skip on it") from None
-            if raw is None or not hasattr(raw, "__len__") or len(raw) != len(completions):
-                got = len(raw) if hasattr(raw, "__len__") else type(raw).__name__
-                raise KitError(f"reward '{reward.name}' returned {got} scores for {len(completions)} completions; "
-                               f"it must return one float (or None) per completion")
+            if raw is None or isinstance(raw, (str, bytes)) or not hasattr(raw, "__len__") \
+                    or len(raw) != len(completions):
+                if reward.on_error == "skip":
+                    return score_one_by_one(call, prompts, completions, kwargs, reward.name, stats)
+                got = (f"{len(raw)} scores" if hasattr(raw, "__len__") and not isinstance(raw, (str, bytes))
+                       else short(raw))
+                raise KitError(f"reward '{reward.name}' returned {got} for {len(completions)} completions; "
+                               f"it must return a list with one float (or None) per completion, or set on_error: "
+                               f"skip")
             scores: list[float | None] = []
             for index, value in enumerate(raw):
                 try:
@@ -94,16 +100,41 @@ def guard_reward(reward: LoadedReward, stats: RewardStats) -> Callable[..., list
     return guarded
 
 
+def short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def one_sample(kwargs: dict[str, Any], index: int, count: int) -> dict[str, Any]:
+    """The keyword arguments for sample `index` alone: per-sample lists sliced, the rest (trainer_state,
+    log_extra, ...) as they are."""
+    return {k: (v[index:index + 1] if isinstance(v, list) and len(v) == count else v) for k, v in kwargs.items()}
+
+
 def failing_sample(call, prompts, completions, kwargs) -> int | None:
     """Re-run the reward one sample at a time to find the index that raises."""
     for index in range(len(completions)):
-        single = {k: (v[index:index + 1] if isinstance(v, list) and len(v) == len(completions) else v)
-                  for k, v in kwargs.items()}
         try:
-            call(prompts[index:index + 1], completions[index:index + 1], **single)
+            call(prompts[index:index + 1], completions[index:index + 1], **one_sample(kwargs, index, len(completions)))
         except Exception:
             return index
     return None
+
+
+def score_one_by_one(call, prompts, completions, kwargs, name: str, stats: RewardStats) -> list[float | None]:
+    """After a batch raised under on_error: skip, score each sample alone; the ones that fail score None."""
+    scores: list[float | None] = []
+    for index in range(len(completions)):
+        try:
+            value = call(prompts[index:index + 1], completions[index:index + 1],
+                         **one_sample(kwargs, index, len(completions)))
+            if value is None or len(value) != 1:
+                raise ValueError(f"returned {short(value)} for one completion")
+            scores.append(check_score(value[0]))
+        except Exception:
+            stats.skipped[name] += 1
+            scores.append(None)
+    return scores
 
 
 def guard_rewards(rewards: list[LoadedReward], stats: RewardStats) -> list[Callable[..., list[float | None]]]:

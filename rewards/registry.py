@@ -3,13 +3,16 @@ register there through this package's own pyproject, third-party packages throug
 or `path/to/file.py:function` (relative to the recipe file).
 
 A reward is a plain callable `fn(prompts, completions, **columns) -> list[float | None]` with a stable
-`__name__`. A factory (marked with `@reward_factory`) is called with the recipe's `args` and returns one.
+`__name__`. A factory (marked with `@reward_factory`) is called with the recipe's `args` and returns one; a
+factory that declares `base_dir` or `run_dir` parameters gets the recipe's directory and the run directory.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
+import inspect
 import sys
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -19,10 +22,15 @@ from typing import Any, Callable
 from kitcli.errors import KitError, closest
 
 ENTRY_POINT_GROUP = "kit.rewards"
+BUILTIN_DISTRIBUTION = "lora-kit"  # this package: its rewards are the built-ins
 SPEC_KEYS = {"name", "args", "weight", "on_error"}
 ON_ERROR = ("raise", "skip")
 
 RewardFn = Callable[..., list]
+# Keyword arguments TRL's GRPOTrainer passes on top of the dataset columns; not columns a reward can require.
+TRAINER_ARGUMENTS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
+                     "environments"}
+INJECTED = ("base_dir", "run_dir")
 
 
 def reward_factory(fn: Callable) -> Callable:
@@ -41,25 +49,79 @@ class LoadedReward:
     args: dict[str, Any] = field(default_factory=dict)
 
 
+def distribution_name(ep: metadata.EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    return dist.name if dist is not None else "unknown package"
+
+
 def entry_points() -> dict[str, metadata.EntryPoint]:
-    return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    """name -> entry point in the `kit.rewards` group. The same target seen twice (an editable install and its
+    source checkout's egg-info) counts once; two packages registering one name for different targets is an
+    error when that name is used."""
+    found: dict[str, metadata.EntryPoint] = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(ep.name, ep)
+    return found
+
+
+def conflicting(name: str) -> list[metadata.EntryPoint]:
+    targets = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == name:
+            targets.setdefault(ep.value, ep)
+    return list(targets.values()) if len(targets) > 1 else []
 
 
 def known_rewards() -> dict[str, str]:
     """name -> where it comes from (the entry point's target and distribution)."""
-    out = {}
+    return {name: f"{ep.value} ({distribution_name(ep)})" for name, ep in sorted(entry_points().items())}
+
+
+def first_doc_line(obj: Any) -> str:
+    doc = inspect.getdoc(obj) or ""
+    return doc.strip().splitlines()[0].strip().rstrip(".") if doc else ""
+
+
+def reward_catalog() -> list[dict[str, str]]:
+    """Every registered reward: name, where it comes from, the args its factory takes ("-" for a plain function)
+    and the first line of its docstring. A reward that fails to import is listed with the error."""
+    rows = []
     for name, ep in sorted(entry_points().items()):
-        dist = getattr(ep, "dist", None)
-        out[name] = f"{ep.value} ({dist.name if dist else 'unknown package'})"
-    return out
+        dist = distribution_name(ep)
+        row = {"name": name, "source": "built-in" if dist == BUILTIN_DISTRIBUTION else f"{dist} ({ep.value})",
+               "args": "", "doc": ""}
+        try:
+            target = ep.load()
+        except Exception as error:  # a broken third-party package must not hide the others
+            row["doc"] = f"fails to load: {type(error).__name__}: {error}"
+        else:
+            row["args"] = (", ".join(factory_args(target)) or "-") if getattr(target, "is_reward_factory", False) \
+                else "-"
+            row["doc"] = first_doc_line(target)
+        rows.append(row)
+    return rows
+
+
+def factory_args(factory: Callable) -> list[str]:
+    """The arguments a recipe may give a factory in `args:` (the injected base_dir / run_dir left out)."""
+    try:
+        return [p.name for p in inspect.signature(factory).parameters.values()
+                if p.name not in INJECTED and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+    except (TypeError, ValueError):
+        return []
+
+
+def by_similarity(name: str, names) -> list[str]:
+    """All `names`, the closest to `name` first."""
+    return sorted(names, key=lambda n: (-difflib.SequenceMatcher(None, name.lower(), n.lower()).ratio(), n))
 
 
 def unknown_reward(name: str, where: str) -> KitError:
-    names = list(entry_points())
-    near = closest(name, names, n=3)
-    ordered = near + [n for n in sorted(names) if n not in near]
-    return KitError(f"{where}: unknown reward '{name}'; known rewards: {', '.join(ordered)} "
-                    f"(or give module:function or path/to/file.py:function)")
+    names = by_similarity(name, entry_points())
+    near = closest(name, names)
+    hint = f" Did you mean '{near[0]}'?" if near else ""
+    return KitError(f"{where}: unknown reward '{name}'.{hint} Known rewards: {', '.join(names) or 'none'} "
+                    f"(or give module:function or path/to/file.py:function; `kit rewards list` describes them)")
 
 
 def find_reward(name: str, base_dir: Path, where: str) -> tuple[Any, str]:
@@ -88,6 +150,11 @@ def find_reward(name: str, base_dir: Path, where: str) -> tuple[Any, str]:
     eps = entry_points()
     if name not in eps:
         raise unknown_reward(name, where)
+    clash = conflicting(name)
+    if clash:
+        listed = "; ".join(f"{ep.value} ({distribution_name(ep)})" for ep in clash)
+        raise KitError(f"{where}: reward '{name}' is registered by more than one package: {listed}; uninstall one, "
+                       f"or name the function you mean as module:function")
     try:
         return eps[name].load(), f"entry point {eps[name].value}"
     except Exception as error:
@@ -100,11 +167,12 @@ def load_file_module(path: Path, where: str):
         return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # before running it, as an import would (dataclasses look it up)
     try:
         spec.loader.exec_module(module)
     except Exception as error:
+        del sys.modules[module_name]
         raise KitError(f"{where}: reward file '{path}' failed to import: {type(error).__name__}: {error}") from None
-    sys.modules[module_name] = module
     return module
 
 
@@ -130,14 +198,47 @@ def normalize_spec(raw: Any, where: str) -> dict[str, Any]:
     return spec
 
 
-def load_reward(raw: Any, base_dir: Path, where: str = "rewards") -> LoadedReward:
+def call_factory(factory: Callable, args: dict[str, Any], name: str, base_dir: Path, run_dir: Path | None,
+                 where: str) -> Any:
+    """Call a factory with the recipe's `args`, checked against its signature so that a typo names the
+    arguments it takes; `base_dir` / `run_dir` are passed when it declares them and the recipe does not."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        signature = None
+    args = dict(args)
+    if signature is not None:
+        params = signature.parameters
+        takes_any = any(p.kind == p.VAR_KEYWORD for p in params.values())
+        allowed = [n for n, p in params.items() if n not in INJECTED and p.kind in (p.KEYWORD_ONLY,
+                                                                                       p.POSITIONAL_OR_KEYWORD)]
+        for key in args:
+            if key not in params and not takes_any:
+                hint = closest(key, allowed)
+                raise KitError(f"{where}: reward '{name}' has no argument '{key}'"
+                               f"{f'; did you mean {hint[0]!r}?' if hint else ''} "
+                               f"(it takes: {', '.join(allowed) or 'no arguments'})")
+        missing = [n for n, p in params.items() if p.default is p.empty and n not in args and n not in INJECTED
+                   and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if missing:
+            raise KitError(f"{where}: reward '{name}' needs args: {', '.join(missing)} "
+                           f"(e.g. args: {{{missing[0]}: ...}})")
+        for key, value in (("base_dir", base_dir), ("run_dir", run_dir)):
+            if key in params and key not in args:
+                args[key] = value
+    try:
+        return factory(**args)
+    except KitError as error:
+        raise KitError(f"{where}: reward '{name}': {error.format_message()}") from None
+    except (TypeError, ValueError) as error:
+        raise KitError(f"{where}: reward '{name}' rejected its args {args}: {error}") from None
+
+
+def load_reward(raw: Any, base_dir: Path, where: str = "rewards", run_dir: Path | None = None) -> LoadedReward:
     spec = normalize_spec(raw, where)
-    target, source = find_reward(spec["name"], base_dir, where)
+    target, source = find_reward(spec["name"], Path(base_dir), where)
     if getattr(target, "is_reward_factory", False):
-        try:
-            fn = target(**spec["args"])
-        except TypeError as error:
-            raise KitError(f"{where}: reward '{spec['name']}' does not take these args: {error}") from None
+        fn = call_factory(target, spec["args"], spec["name"], Path(base_dir), run_dir, where)
     elif spec["args"]:
         raise KitError(f"{where}: reward '{spec['name']}' takes no args (it is not a @reward_factory)")
     else:
@@ -149,7 +250,37 @@ def load_reward(raw: Any, base_dir: Path, where: str = "rewards") -> LoadedRewar
                         args=spec["args"])
 
 
-def load_rewards(raws: list[Any], base_dir: Path, where: str = "rewards") -> list[LoadedReward]:
+def load_rewards(raws: list[Any], base_dir: Path, where: str = "rewards",
+                 run_dir: Path | None = None) -> list[LoadedReward]:
     if not isinstance(raws, list):
         raise KitError(f"{where}: 'rewards' must be a list of reward names or mappings")
-    return [load_reward(raw, base_dir, f"{where}[{i}]") for i, raw in enumerate(raws)]
+    return [load_reward(raw, base_dir, f"{where}[{i}]", run_dir=run_dir) for i, raw in enumerate(raws)]
+
+
+def required_columns(fn: Callable) -> list[str]:
+    """Dataset columns a reward needs: its `required_columns` attribute, else the parameters of its signature
+    without a default (other than prompts, completions and what the trainer passes)."""
+    declared = getattr(fn, "required_columns", None)
+    if declared is not None:
+        return list(declared)
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.default is p.empty and p.name not in TRAINER_ARGUMENTS
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def check_columns(rewards: list[LoadedReward], columns, where: str, path: str = "the data",
+                  mapping_hint: bool = True) -> None:
+    """Fail before any generation when a reward needs a column the data does not have."""
+    present = set(columns)
+    needed = {column for reward in rewards for column in required_columns(reward.fn)}
+    for reward in rewards:
+        for column in required_columns(reward.fn):
+            if column not in present:
+                others = sorted(present - needed - {"prompt", "completion", "completion_ids"})
+                example = (f"; map yours in the stage's data with e.g. columns: {{{others[0]}: {column}}}"
+                           if others and mapping_hint else "")
+                raise KitError(f"{where}: reward '{reward.name}' needs column '{column}', which {path} does not "
+                               f"have (columns: {', '.join(sorted(present)) or 'none'}){example}")

@@ -1,0 +1,115 @@
+"""Score a sample with each reward before any training: distributions, and warnings for rewards that cannot
+teach anything (constant over the sample, failing, or never scoring). Used by `kit rewards test` and
+`kit rewards preview`; no heavy imports.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kitcli.errors import KitError
+from rewards.guard import RewardStats, guard_reward
+from rewards.registry import LoadedReward
+
+
+@dataclass
+class RewardReport:
+    reward: LoadedReward
+    scores: list[float | None]
+    seconds: float
+    error: str | None = None
+    skipped: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.reward.name
+
+    @property
+    def values(self) -> list[float]:
+        return [s for s in self.scores if s is not None]
+
+    def summary(self) -> dict[str, Any]:
+        values = self.values
+        if not values:
+            return {"n": len(self.scores), "scored": 0}
+        return {"n": len(self.scores), "scored": len(values), "mean": statistics.fmean(values),
+                "std": statistics.pstdev(values), "min": min(values), "max": max(values),
+                "zero": sum(v == 0 for v in values) / len(values)}
+
+    def warnings(self) -> list[str]:
+        if self.error:
+            return [f"reward '{self.name}' failed: {self.error}"]
+        values = self.values
+        if not values:
+            return [f"reward '{self.name}' scored no sample (None for all {len(self.scores)}); check that the "
+                    f"columns it reads are filled in"]
+        out = []
+        if len(values) > 1 and max(values) == min(values):
+            value = values[0]
+            which = {0.0: "always 0", 1.0: "always 1"}.get(value, f"always {value:g}")
+            hint = " (does the model ever produce what it looks for?)" if value == 0 else ""
+            out.append(f"reward '{self.name}' is constant over the {len(values)} samples ({which}): it gives GRPO "
+                       f"no signal{hint}")
+        if self.skipped:
+            out.append(f"reward '{self.name}' skipped {self.skipped} of {len(self.scores)} samples (on_error: skip)")
+        elif len(values) < len(self.scores):
+            out.append(f"reward '{self.name}' returned None for {len(self.scores) - len(values)} of "
+                       f"{len(self.scores)} samples")
+        return out
+
+
+def score_sample(reward: LoadedReward, prompts: list[Any], completions: list[Any], columns: dict[str, list],
+                 *, keep_going: bool = True) -> RewardReport:
+    """Score through the same guard the trainers use; a failure becomes the report's error (or, with
+    `keep_going=False`, the KitError that names the sample)."""
+    stats = RewardStats()
+    guarded = guard_reward(reward, stats)
+    started = time.perf_counter()
+    try:
+        scores = guarded(prompts, completions, **columns)
+    except KitError as error:
+        if not keep_going:
+            raise
+        return RewardReport(reward, [None] * len(completions), time.perf_counter() - started,
+                            error=error.format_message())
+    return RewardReport(reward, scores, time.perf_counter() - started, skipped=sum(stats.skipped.values()))
+
+
+def weighted_total(reports: list[RewardReport]) -> list[float | None]:
+    """Per sample, the weighted sum of the rewards that scored it (TRL's sum over rewards, None ignored)."""
+    totals: list[float | None] = []
+    for index in range(len(reports[0].scores) if reports else 0):
+        parts = [r.reward.weight * r.scores[index] for r in reports if r.scores[index] is not None]
+        totals.append(sum(parts) if parts else None)
+    return totals
+
+
+def histogram(values: list[float], bins: int = 8, width: int = 30) -> list[tuple[str, int, str]]:
+    """(label, count, bar) rows: one per distinct value when there are few, else equal-width bins."""
+    if not values:
+        return []
+    distinct = sorted(set(values))
+    if len(distinct) <= bins:
+        counts = [(f"{v:g}", values.count(v)) for v in distinct]
+    else:
+        low, high = min(values), max(values)
+        step = (high - low) / bins
+        counts = []
+        for i in range(bins):
+            start, end = low + i * step, low + (i + 1) * step
+            count = sum(start <= v < end or (i == bins - 1 and v == high) for v in values)
+            counts.append((f"[{start:.3g}, {end:.3g}{']' if i == bins - 1 else ')'}", count))
+    most = max(c for _, c in counts) or 1
+    return [(label, count, "#" * max(1 if count else 0, math.ceil(width * count / most))) for label, count in counts]
+
+
+def format_number(value: Any) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, float):
+        return f"{value:.3f}".rstrip("0").rstrip(".") if abs(value) < 1e6 else f"{value:.3g}"
+    return str(value)

@@ -1,0 +1,84 @@
+"""Text helpers shared by the built-in rewards: a completion's text, its final answer, its code block."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Any
+
+CODE_BLOCK = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+
+
+def completion_text(completion: Any) -> str:
+    """Text of a completion: a string (standard format) or a list of messages (conversational, as TRL passes)."""
+    if isinstance(completion, list):
+        return "".join(str(m.get("content") or "") for m in completion if isinstance(m, dict))
+    if isinstance(completion, dict):
+        return str(completion.get("content") or "")
+    return "" if completion is None else str(completion)
+
+
+def prompt_text(prompt: Any) -> str:
+    """Text of a prompt: a string, or the messages' contents joined by newlines."""
+    if isinstance(prompt, list):
+        return "\n".join(str(m.get("content") or "") for m in prompt if isinstance(m, dict))
+    return "" if prompt is None else str(prompt)
+
+
+def tagged(text: str, tag: str) -> list[str]:
+    """The contents of every complete `<tag>...</tag>` in `text`, in order."""
+    return re.findall(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, flags=re.DOTALL)
+
+
+def last_boxed(text: str) -> str | None:
+    r"""The content of the last `\boxed{...}` (braces balanced), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, begin = 0, start + len("\\boxed{")
+    for index in range(begin - 1, len(text)):
+        if text[index] == "{":
+            depth += 1
+        elif text[index] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[begin:index]
+    return None
+
+
+def extract_answer(text: str, tag: str = "answer") -> str:
+    r"""The final answer: the last `<tag>...</tag>`, else the last `\boxed{...}`, else the whole text; stripped.
+
+    >>> extract_answer("<think>2+2</think><answer> 4 </answer>")
+    '4'
+    >>> extract_answer(r"so \boxed{\frac{1}{2}}")
+    '\\frac{1}{2}'
+    """
+    found = tagged(text, tag)
+    if found:
+        return found[-1].strip()
+    boxed = last_boxed(text)
+    return (boxed if boxed is not None else text).strip()
+
+
+def normalize_answer(text: Any) -> str:
+    """Compare answers up to Unicode compatibility forms (full-width digits), case, spacing and a final period."""
+    text = unicodedata.normalize("NFKC", str(text))
+    return " ".join(text.split()).rstrip(".").strip().casefold()
+
+
+def extract_code(text: str) -> str:
+    """The last fenced code block (```python ... ```) of a completion, else the whole text."""
+    blocks = CODE_BLOCK.findall(text)
+    if not blocks:
+        return text
+    python = [body for language, body in blocks if language.lower() in ("python", "py", "python3")]
+    return (python or [body for _, body in blocks])[-1]
+
+
+def completion_lengths(completions: list[Any], completion_ids: list[list[int]] | None) -> tuple[list[int], str]:
+    """Lengths in tokens when the caller passes `completion_ids` (the trainer and `kit rewards preview` do),
+    else in characters (`kit rewards test` on a file without a completion_ids column)."""
+    if completion_ids is not None and len(completion_ids) == len(completions):
+        return [len(ids) for ids in completion_ids], "tokens"
+    return [len(completion_text(c)) for c in completions], "characters"

@@ -1,0 +1,144 @@
+"""The code-execution sandbox against an infinite loop, a sleep, a memory hog, a fork (bomb), writing outside its
+directory and a network attempt, each contained within its time limit; with the audit hook and, where this
+machine allows, with the OS layers alone (audit=False)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import run_cli
+from rewards.builtin import code_exec
+from rewards.guard import RewardStats, guard_reward
+from rewards.registry import LoadedReward
+from rewards.sandbox import STARTUP_ALLOWANCE, SandboxLimits, isolation, normalize_tests, run_tests
+
+LIMIT = 1.0
+WITH_HOOK = SandboxLimits(time_limit=LIMIT, memory_mb=256)
+OS_ONLY = SandboxLimits(time_limit=LIMIT, memory_mb=256, audit=False)
+PASSES = normalize_tests(["assert True"])
+
+
+def contained(code: str, limits: SandboxLimits = WITH_HOOK, tests=PASSES):
+    started = time.perf_counter()
+    result = run_tests(code, tests, limits)
+    elapsed = time.perf_counter() - started
+    assert elapsed < limits.time_limit + STARTUP_ALLOWANCE + 0.5, f"took {elapsed:.2f}s: {result}"
+    assert not sandbox_processes(), "a sandbox process outlived its run"
+    return result
+
+
+def sandbox_processes() -> list[str]:
+    """Command lines of live processes running the sandbox harness (none may outlive a run)."""
+    time.sleep(0.05)
+    found = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (entry / "stat").read_text().split()[2]
+        except (OSError, IndexError):
+            continue
+        if "sandbox_harness.py" in cmdline and state != "Z":
+            found.append(cmdline)
+    return found
+
+
+def test_passing_and_failing_code():
+    assert run_tests("def f(x): return x + 1", normalize_tests(["assert f(1) == 2"]), WITH_HOOK).status == "passed"
+    result = run_tests("def f(x): return x", normalize_tests(["assert f(1) == 2", "assert f(0) == 0"]), WITH_HOOK)
+    assert (result.status, result.passed, result.total, result.score()) == ("failed", 1, 2, 0.5)
+
+
+@pytest.mark.parametrize("code", ["while True:\n    pass", "import time\ntime.sleep(60)",
+                                  "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: pass"])
+def test_hang_is_killed_at_the_time_limit(code):
+    result = contained(code)
+    assert result.status == "timeout" and result.score() == 0.0
+
+
+@pytest.mark.parametrize("code", ["x = bytearray(4 * 1024 ** 3)", "x = []\nwhile True:\n    x.append(' ' * 2 ** 20)"])
+def test_memory_hog_fails_fast(code):
+    result = contained(code, OS_ONLY)  # RLIMIT_AS, no help from the hook
+    assert result.status == "memory" and result.score() == 0.0
+
+
+def test_fork_is_refused_by_the_hook():
+    result = contained("import os\nos.fork()")
+    assert result.score() == 0.0 and "os.fork is not allowed" in result.detail
+    result = contained("import subprocess\nsubprocess.run(['true'])")
+    assert result.score() == 0.0 and "not allowed" in result.detail
+
+
+def test_fork_bomb_is_contained_by_the_os():
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    result = contained(bomb, OS_ONLY)
+    assert result.status == "timeout" and result.score() == 0.0
+
+
+def test_writing_outside_its_directory(tmp_path):
+    target = tmp_path / "escape.txt"
+    code = f"open({str(target)!r}, 'w').write('x')"
+    result = contained(code)
+    assert result.score() == 0.0 and "outside the work directory" in result.detail
+    assert not target.exists()
+    assert contained("open('inside.txt', 'w').write('x')\nassert open('inside.txt').read() == 'x'").score() == 1.0
+    assert contained("import os\nos.remove(os.path.expanduser('~/../../etc/hostname'))").score() == 0.0
+    if isolation().drop_to is None:
+        pytest.skip("without a user to drop to, only the audit hook keeps writes inside (see kit rewards sandbox)")
+    result = contained(code, OS_ONLY)
+    assert result.score() == 0.0 and "Permission denied" in result.detail
+    assert not target.exists()
+
+
+@pytest.fixture
+def listener():
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(0.2)
+    yield server
+    server.close()
+
+
+def reached(server: socket.socket) -> bool:
+    try:
+        connection, _ = server.accept()
+    except (TimeoutError, socket.timeout):
+        return False
+    connection.close()
+    return True
+
+
+def test_network_is_refused(listener):
+    port = listener.getsockname()[1]
+    code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=0.5).sendall(b'hi')"
+    assert contained(code).score() == 0.0
+    assert not reached(listener)
+    if not isolation().prefix:
+        pytest.skip("no network namespace here: only the audit hook refuses sockets (see kit rewards sandbox)")
+    result = contained(code, OS_ONLY)
+    assert result.score() == 0.0 and "unreachable" in result.detail.lower()
+    assert not reached(listener)
+
+
+def test_a_bad_batch_never_stops_training(caplog):
+    reward = LoadedReward(fn=code_exec(time_limit=LIMIT, workers=4), name="code_exec")
+    guarded = guard_reward(reward, RewardStats())
+    completions = ["```python\ndef f(x): return x\n```", "while True: pass", "import os\nos._exit(3)",
+                   "import ctypes\nctypes.string_at(0)", "import os\nwhile True: os.fork()", ""]
+    started = time.perf_counter()
+    with caplog.at_level(logging.WARNING, logger="rewards"):
+        scores = guarded(["q"] * len(completions), completions, tests=[["assert f(1) == 1"]] * len(completions))
+    assert time.perf_counter() - started < 2 * (LIMIT + STARTUP_ALLOWANCE) + 1
+    assert scores == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert "sample 1 timeout" in caplog.text and "sample 2 crashed" in caplog.text
+
+
+def test_sandbox_command_says_which_limits_hold():
+    output = run_cli("rewards", "sandbox").output
+    for name in ("time", "memory", "network", "processes", "files"):
+        assert name in output
