@@ -15,7 +15,14 @@ class KitError(click.ClickException):
 
 
 def closest(word: str, choices, n: int = 1) -> list[str]:
-    return difflib.get_close_matches(word, list(choices), n=n, cutoff=0.5)
+    """The nearest names by spelling; failing that, names that are a prefix of the word or start with it
+    (`rank` -> `r`, `dropout_rate` -> `dropout`)."""
+    choices = [str(c) for c in choices]
+    found = difflib.get_close_matches(word, choices, n=n, cutoff=0.5)
+    if found:
+        return found
+    prefixed = [c for c in choices if word.startswith(c) or c.startswith(word)]
+    return sorted(prefixed, key=len, reverse=True)[:n]
 
 
 def did_you_mean(word: str, choices) -> str:
