@@ -82,6 +82,49 @@ def prepare_backend(backend: str) -> None:
     transformers.utils.logging.disable_progress_bar()
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
+    if backend == "transformers" and not cuda_available():
+        route_trl_fused_head_off_gpu()
+
+
+def route_trl_fused_head_off_gpu() -> None:
+    """TRL 1.15's SFT and GRPO trainers compute token log-probabilities with a Triton kernel that runs on CUDA only
+    (Unsloth's CPU backend reroutes it; plain transformers + PEFT does not). Off the GPU, compute them with torch."""
+    from trl.trainer import utils as trl_utils
+
+    kernel = getattr(trl_utils, "_ChunkedLogProbFunction", None)
+    if getattr(kernel, "_kit_dispatch", False) or getattr(kernel, "_unsloth_cpu_dispatch", False):
+        return
+
+    class DeviceDispatch:
+        _kit_dispatch = True
+
+        @staticmethod
+        def apply(hidden, *args, **kwargs):
+            if kernel is not None and hidden.device.type in ("cuda", "xpu"):
+                return kernel.apply(hidden, *args, **kwargs)
+            return torch_token_log_probs(hidden, *args, **kwargs)
+
+    trl_utils._ChunkedLogProbFunction = DeviceDispatch
+
+
+def torch_token_log_probs(hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None,
+                          logit_scale=1.0, outputs=("entropy", "log_sum_sq_probs", "mean_logits", "is_top1")):
+    """The outputs of TRL's `ChunkedLogProbFunction` (log_probs, entropy, log_sum_sq_probs, mean_logits, is_top1;
+    None where not asked for) in plain torch. It materialises the [tokens, vocabulary] logits: fine at CPU sizes."""
+    import torch
+
+    logits = torch.nn.functional.linear(hidden, weight.to(hidden.dtype),
+                                        None if bias is None else bias.to(hidden.dtype)).float() * logit_scale
+    if final_logit_softcapping:
+        logits = final_logit_softcapping * torch.tanh(logits / final_logit_softcapping)
+    logits = logits / temperature
+    logprobs = torch.log_softmax(logits, dim=-1)
+    chosen = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logprobs.exp() * logprobs).sum(-1) if "entropy" in outputs else None
+    squares = torch.logsumexp(2 * logprobs, dim=-1).detach() if "log_sum_sq_probs" in outputs else None
+    mean = logits.mean(-1).detach() if "mean_logits" in outputs else None
+    top1 = (logits.argmax(-1) == targets).detach() if "is_top1" in outputs else None
+    return chosen, entropy, squares, mean, top1
 
 
 def resolve_model_path(name: str, seed: int) -> str:
@@ -209,7 +252,7 @@ def _load_transformers(path, max_seq_length, load_in_4bit, lora, dtype, seed, tr
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=kwargs["dtype"])
-        kwargs["device_map"] = {"": 0}
+        kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}  # this process's GPU
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=Path(path).is_dir(), **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(path, model_max_length=max_seq_length,
                                               trust_remote_code=trust_remote_code)
@@ -248,12 +291,17 @@ def save_model(model, tokenizer, stage_dir: Path) -> Path:
     """Save the adapter (or full model) and tokenizer under a temporary name, then rename into place."""
     import shutil
 
+    from kitcli import launch
+
     final = stage_dir / ("adapter" if is_peft_model(model) else "model")
-    staging = stage_dir / (final.name + ".tmp")
-    shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(str(staging))
-    tokenizer.save_pretrained(str(staging))
-    if final.exists():
-        shutil.rmtree(final)
-    staging.rename(final)
+    state = launch.gathered_state_dict(model)  # sharded weights (ZeRO-3, FSDP) gathered; None otherwise
+    if launch.is_main_process():  # under `kit run --launcher` one process writes, the others wait
+        staging = stage_dir / (final.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        model.save_pretrained(str(staging), **({"state_dict": state} if state is not None else {}))
+        tokenizer.save_pretrained(str(staging))
+        if final.exists():
+            shutil.rmtree(final)
+        staging.rename(final)
+    launch.barrier()
     return final

@@ -3,6 +3,7 @@ commands that train, never at import time, so `kit --help` and the listing comma
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -10,6 +11,11 @@ import click
 from kitcli import __version__
 from kitcli.errors import KitError
 from kitcli.eval_cli import eval_command, report_command
+from kitcli.chat import chat_command, generate_command
+from kitcli.doctor import doctor_command
+from kitcli.export import export_command
+from kitcli.launch import launcher_options
+from kitcli.plan import plan_command
 from kitcli.rewards_cli import rewards
 
 SET_HELP = "Override a recipe value, e.g. stages.sft.train.learning_rate=1e-4 (repeatable)."
@@ -44,12 +50,25 @@ def main() -> None:
 @click.option("--dry-run", is_flag=True, help="Print the resolved configuration of every stage and exit.")
 @click.option("--force", is_flag=True, help="Redo every stage, even finished ones.")
 @output_options
+@launcher_options
 def run(recipe: str, output: str | None, overrides: tuple[str, ...], dry_run: bool, force: bool, quiet: bool,
-        as_json: bool) -> None:
+        as_json: bool, launcher: str | None, num_processes: int | None, deepspeed: str | None, fsdp: bool,
+        cpu: bool) -> None:
     """Run a recipe: a shipped name (see `kit recipes list`) or a YAML file."""
+    from kitcli.launch import LaunchFailed, run_with_launcher
     from kitcli.recipe import load_recipe
 
     loaded = load_recipe(recipe, list(overrides))
+    if not dry_run:
+        try:
+            run_dir = run_with_launcher(loaded, recipe, launcher=launcher, num_processes=num_processes,
+                                        deepspeed=deepspeed, fsdp=fsdp, cpu=cpu, output=output,
+                                        overrides=list(overrides), force=force, quiet=quiet, as_json=as_json,
+                                        console=make_console(quiet=quiet, stderr=as_json))
+        except LaunchFailed as failed:
+            sys.exit(failed.returncode)
+        if run_dir is not None:
+            return
     execute(loaded, output=output, dry_run=dry_run, force=force, quiet=quiet, as_json=as_json)
 
 
@@ -103,6 +122,8 @@ def execute(recipe, *, output: str | None, dry_run: bool, force: bool, quiet: bo
     except KeyboardInterrupt:
         click.echo("\nkit: aborted; run the same command again to resume from the last checkpoint", err=True)
         sys.exit(130)
+    if os.environ.get("RANK", "0") != "0":  # a process of `kit run --launcher`: the main one reports
+        return
     if mode == "quiet":
         click.echo(f"done: {run_dir}")
     console.print(f"done: {run_dir}", highlight=False, markup=False)
@@ -143,6 +164,11 @@ def recipes_show(name: str) -> None:
 main.add_command(rewards)
 main.add_command(eval_command)
 main.add_command(report_command)
+main.add_command(doctor_command)
+main.add_command(plan_command)
+main.add_command(chat_command)
+main.add_command(generate_command)
+main.add_command(export_command)
 
 
 if __name__ == "__main__":

@@ -81,6 +81,8 @@ def make_progress_callback(stage_name: str, metrics_path: Path, console: Console
                 self.progress.update(self.task, completed=state.global_step)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
+            if not state.is_world_process_zero:  # under `kit run --launcher`, the main process writes metrics
+                return
             logs = dict(logs or {})
             row = {"step": state.global_step, "epoch": round(state.epoch or 0.0, 4), "time": round(time.time(), 3),
                    **{k: v for k, v in logs.items() if isinstance(v, (int, float, str, bool)) or v is None}}

@@ -1,0 +1,53 @@
+"""`kit doctor`: every check reported with a status and a fix; the exit status follows the critical checks."""
+
+from __future__ import annotations
+
+import json
+
+from helpers import run_cli
+
+from kitcli import doctor
+
+EXPECTED = {"python", "torch", "cuda devices", "bf16", "bitsandbytes 4-bit", "unsloth backend", "vllm", "trl",
+            "transformers", "peft", "unsloth", "datasets", "hub offline mode"}
+
+
+def test_doctor_json_reports_every_check_and_passes_here():
+    result = run_cli("doctor", "--json")
+    report = json.loads(result.stdout)
+    names = {c["name"] for c in report["checks"]}
+    assert EXPECTED <= names
+    assert any(name.startswith("disk: ") for name in names)
+    assert report["ok"] is True
+    by_name = {c["name"]: c for c in report["checks"]}
+    assert by_name["python"]["status"] == "ok" and by_name["python"]["critical"]
+    assert by_name["bitsandbytes 4-bit"]["status"] == "ok"  # a real NF4 quantize + matmul on this device
+    assert "relative error" in by_name["bitsandbytes 4-bit"]["detail"]
+    assert by_name["trl"]["detail"].startswith(doctor.known_good()["trl"])
+    assert by_name["hub offline mode"]["detail"].startswith("HF_HUB_OFFLINE")  # tests run offline
+    for check in report["checks"]:
+        assert check["status"] in ("ok", "warn", "fail")
+        assert check["status"] == "ok" or check["fix"] or check["name"] == "bf16", check
+
+
+def test_doctor_table_says_ready():
+    result = run_cli("doctor")
+    assert "kit doctor" in result.output and "ready: every critical check passed" in result.output
+
+
+def test_a_failed_critical_check_gives_exit_status_1(monkeypatch):
+    monkeypatch.setitem(doctor.CORE, "kit_missing_library", "kit-missing-library")
+    result = run_cli("doctor", "--json", expect=1)
+    report = json.loads(result.stdout)
+    missing = next(c for c in report["checks"] if c["name"] == "kit_missing_library")
+    assert report["ok"] is False
+    assert missing["status"] == "fail" and missing["fix"] == "pip install kit-missing-library"
+    table = run_cli("doctor", expect=1)
+    assert "not ready: kit_missing_library failed" in table.output
+
+
+def test_version_mismatch_is_a_warning_with_the_pin(monkeypatch):
+    monkeypatch.setattr(doctor, "known_good", lambda: {"trl": "0.0.1"})
+    checks = {c.name: c for c in doctor.check_versions()}
+    assert checks["trl"].status == "warn" and checks["trl"].fix == "pip install trl==0.0.1"
+    assert not checks["trl"].critical

@@ -1,0 +1,162 @@
+"""`kit plan`: architectures from config, the estimate against Unsloth's published figures, fitting a GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import DATA, run_cli, write_recipe
+
+from kitcli import plan
+from kitcli.errors import KitError
+
+# Unsloth's context-length benchmark (unsloth.ai/docs/basics/unsloth-benchmarks): Llama 3.1 8B Instruct, 4-bit
+# QLoRA on all linear layers, rank 32, batch 1: the longest sequence that fits each GPU.
+SFT = {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl")}
+UNSLOTH_LLAMA8B_MAX_CONTEXT = {8: 2972, 12: 21848, 16: 40724, 24: 78475, 40: 153977, 48: 191728, 80: 342733}
+
+
+@pytest.mark.parametrize("name, billions", [
+    ("Qwen/Qwen3-0.6B", 0.596), ("Qwen/Qwen3-1.7B", 1.72), ("unsloth/Qwen3-4B-Base", 4.02), ("Qwen/Qwen3-8B", 8.19),
+    ("unsloth/Meta-Llama-3.1-8B-Instruct-bnb-4bit", 8.03), ("meta-llama/Llama-3.2-1B-Instruct", 1.24),
+    ("unsloth/Llama-3.2-3B-Instruct", 3.21), ("google/gemma-3-4b-it", 4.3), ("mistralai/Mistral-7B-v0.3", 7.25),
+])
+def test_builtin_architectures_give_the_published_parameter_counts(name, billions):
+    arch = plan.find_architecture(name)
+    assert "built-in" in arch.source or "hub cache" in arch.source
+    assert arch.total_params / 1e9 == pytest.approx(billions, rel=0.01)
+
+
+def test_tiny_and_local_configs_are_read(tmp_path, tiny_model_dir):
+    tiny = plan.find_architecture("tiny")
+    assert (tiny.hidden_size, tiny.num_hidden_layers, tiny.vocab_size) == (128, 4, 320)
+    local = plan.find_architecture(str(tiny_model_dir))
+    assert local.source.endswith("config.json") and local.total_params == tiny.total_params
+    nested = {"text_config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                              "intermediate_size": 128, "vocab_size": 100}}
+    (tmp_path / "config.json").write_text(json.dumps(nested))
+    assert plan.find_architecture("anything", config_path=str(tmp_path)).head_dim == 16
+
+
+@pytest.mark.parametrize("gpu_gib, tokens", sorted(UNSLOTH_LLAMA8B_MAX_CONTEXT.items()))
+def test_estimate_matches_unsloth_max_context_benchmark(gpu_gib, tokens):
+    """At the longest sequence Unsloth fits on a GPU, the estimated peak is that GPU's memory (within 8%)."""
+    arch = plan.find_architecture("meta-llama/Llama-3.1-8B-Instruct")
+    settings = plan.Settings(stage_type="sft", backend="unsloth", lora_r=32, per_device_train_batch_size=1,
+                             seq_len=tokens)
+    peak = plan.estimate(arch, settings).peak / plan.GiB
+    assert peak == pytest.approx(gpu_gib, rel=0.08)
+
+
+def test_estimate_terms_move_the_right_way():
+    arch = plan.find_architecture("unsloth/Qwen3-4B-Base")
+    base = plan.Settings(stage_type="grpo", backend="transformers", per_device_train_batch_size=8, num_generations=8,
+                         prompt_len=256, completion_len=512, seq_len=768, gradient_checkpointing=False)
+
+    def peak(**changes):
+        return plan.estimate(arch, plan.replace(base, **changes)).peak
+
+    assert peak(gradient_checkpointing=True) < peak()
+    assert peak(backend="unsloth", gradient_checkpointing=True) < peak(gradient_checkpointing=True)
+    assert peak(per_device_train_batch_size=4) < peak()
+    assert peak(load_in_4bit=False) > peak() + 4 * plan.GiB  # 4B parameters: ~2 bytes each instead of ~0.5
+    parts = {c.name.split(" (")[0] for c in plan.estimate(arch, plan.replace(base, reward_model=True)).components}
+    assert {"KV cache", "reward model", "logits", "activations"} <= parts
+    dpo = plan.estimate(arch, plan.Settings(stage_type="dpo", lora_r=None, load_in_4bit=False))
+    assert any(c.name == "reference model (full copy)" and c.bytes > 7 * plan.GiB for c in dpo.components)
+
+
+def test_planner_defaults_follow_the_stage_defaults(in_tmp):
+    from rich.console import Console
+
+    from kitcli.recipe import load_recipe
+    from kitcli.runner import StageContext
+    from kitcli.stages import grpo
+
+    stage = {"name": "grpo", "type": "grpo", "data": str(DATA / "arithmetic_prompts.jsonl"), "rewards": ["exact_match"]}
+    path = write_recipe(in_tmp / "r.yaml", [stage])
+    recipe = load_recipe(str(path))
+    ctx = StageContext(recipe, recipe.stage("grpo"), in_tmp / "run", Console(quiet=True), {})
+    defaults = {**grpo.base_defaults(ctx), **grpo.VARIANTS["grpo"]}
+    settings = plan.stage_settings(recipe.data, recipe.stage("grpo"), "unsloth")
+    assert settings.num_generations == defaults["num_generations"]
+    assert settings.completion_len == defaults["max_completion_length"]
+    assert settings.per_device_train_batch_size == defaults["per_device_train_batch_size"]
+    assert settings.beta == defaults["beta"]
+
+
+def qwen_recipe(path):
+    stages = [
+        {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),
+         "train": {"per_device_train_batch_size": 8}},
+        {"name": "grpo", "type": "grpo", "init": "sft", "data": str(DATA / "arithmetic_prompts.jsonl"),
+         "rewards": ["exact_match"], "train": {"per_device_train_batch_size": 16, "num_generations": 16,
+                                              "max_completion_length": 2048}},
+    ]
+    return write_recipe(path, stages, model={"name": "unsloth/Qwen3-4B-Base", "max_seq_length": 4096},
+                        lora={"r": 64})
+
+
+def test_plan_says_what_fits_and_what_to_change(in_tmp):
+    recipe = qwen_recipe(in_tmp / "qwen.yaml")
+    small = run_cli("plan", recipe, "--gpu-memory", "12GB")
+    assert "qwen3-4b" in small.output and "12.0 GiB" in small.output
+    assert "does not fit" in small.output
+    assert "--set stages.grpo.train.per_device_train_batch_size=" in small.output
+    assert "new estimate" in small.output
+
+    data = json.loads(run_cli("plan", recipe, "--gpu-memory", "12GB", "--json").stdout)
+    grpo = next(s for s in data["stages"] if s["stage"] == "grpo")
+    assert grpo["fits"] is False and grpo["suggestion"]["fits"] is True
+    assert grpo["suggestion"]["peak_gib"] <= 12 < grpo["peak_gib"]
+    kv = next(c for c in grpo["components"] if c["name"].startswith("KV cache"))
+    assert "16 completions x 4096 tokens" in kv["name"]
+
+    big = json.loads(run_cli("plan", recipe, "--gpu-memory", "80GB", "--json").stdout)
+    assert all(s["fits"] for s in big["stages"])
+
+
+def test_plan_suggestion_is_applied_by_set(in_tmp):
+    recipe = qwen_recipe(in_tmp / "qwen.yaml")
+    data = json.loads(run_cli("plan", recipe, "--gpu-memory", "12GB", "--json").stdout)
+    flags = next(s for s in data["stages"] if s["stage"] == "grpo")["suggestion"]["set"]
+    values = [f.split(" ", 1)[1] for f in flags]
+    again = json.loads(run_cli("plan", recipe, "--gpu-memory", "12GB", "--json",
+                               *[a for v in values for a in ("--set", v)]).stdout)
+    assert next(s for s in again["stages"] if s["stage"] == "grpo")["fits"] is True
+    dry = run_cli("run", recipe, "--dry-run", *[a for v in values for a in ("--set", v)])  # TRL accepts them
+    assert "GRPOConfig:" in dry.output
+
+
+def test_plan_of_shipped_tiny_recipe_without_gpu():
+    result = run_cli("plan", "tiny-sft")
+    assert "embedded tiny model" in result.output
+    assert "stage sft (sft)" in result.output and "summary" in result.output
+
+
+def test_plan_without_config_is_one_line_error(in_tmp):
+    recipe = write_recipe(in_tmp / "r.yaml", [SFT], model={"name": "someone/unheard-of-model-7b"})
+    result = run_cli("plan", recipe, "--gpu-memory", "24GB", expect=2)
+    assert result.output.startswith("Error: cannot find a config for model 'someone/unheard-of-model-7b'")
+    assert "--config" in result.output and "huggingface-cli download" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+def test_plan_with_config_option(in_tmp):
+    recipe = write_recipe(in_tmp / "r.yaml", [SFT], model={"name": "someone/unheard-of-model-7b"})
+    (in_tmp / "config.json").write_text(json.dumps(plan.BUILTIN_ARCHITECTURES["mistral-7b"]))
+    data = json.loads(run_cli("plan", recipe, "--config", in_tmp / "config.json", "--json").stdout)
+    assert data["parameters_b"] == pytest.approx(7.25, rel=0.01)
+
+
+@pytest.mark.parametrize("text, gib", [("12GB", 12), ("24GiB", 24), ("80", 80), ("16384MB", 16), ("0.5 G", 0.5)])
+def test_parse_memory(text, gib):
+    assert plan.parse_memory(text) == gib * plan.GiB
+
+
+def test_bad_memory_size_is_an_error(in_tmp):
+    with pytest.raises(KitError, match="not a memory size"):
+        plan.parse_memory("lots")
+    result = run_cli("plan", "tiny-sft", "--gpu-memory", "twelve", expect=2)
+    assert "12GB" in result.output
+
