@@ -62,7 +62,10 @@ def rewards() -> None:
 
 @rewards.command("list")
 def rewards_list() -> None:
-    """The rewards a recipe can name: name, where it comes from, and what it does."""
+    """List the rewards a recipe can name.
+
+    Name, where it comes from (built-in or the package that registers it), the args a factory takes, and
+    what it does."""
     from rich.table import Column, Table
 
     from rewards.registry import ENTRY_POINT_GROUP, reward_catalog
@@ -87,7 +90,10 @@ def rewards_list() -> None:
                                                                    "(reward_model stage:).")
 @click.option("--show", default=20, show_default=True, help="Rows to print in the table.")
 def rewards_test(reward: str, data_path: str, arg_items: tuple[str, ...], run_dir: str | None, show: int) -> None:
-    """Score the completions in a file with REWARD (a name, module:function or file.py:function)."""
+    """Score a file of completions with one reward.
+
+    REWARD is a name (see `kit rewards list`), module:function or path/to/file.py:function. Prints each row's
+    score and the distribution."""
     from rich.table import Table
 
     from kitcli.data import read_rows
@@ -154,7 +160,10 @@ def print_distribution(out, report) -> None:
 def rewards_preview(recipe: str, stage_name: str | None, count: int, run_dir: str | None,
                     max_new_tokens: int | None, temperature: float | None, show: int,
                     overrides: tuple[str, ...]) -> None:
-    """Sample completions from a stage's starting model on its data and score them with every reward of the stage."""
+    """Preview a stage's rewards on completions from its starting model.
+
+    Samples N completions (one per prompt) from the stage's starting model on the stage's data, scores them with
+    every reward of the stage, and warns about rewards that are constant over the sample or fail."""
     from rewards.preview import preview
 
     if count < 1:
@@ -166,7 +175,7 @@ def rewards_preview(recipe: str, stage_name: str | None, count: int, run_dir: st
 
 @rewards.command("sandbox")
 def rewards_sandbox() -> None:
-    """Which limits of the code-execution sandbox hold on this machine, and by which means."""
+    """Show which code-sandbox limits hold on this machine."""
     from rich.table import Table
 
     from rewards.sandbox import isolation

@@ -212,7 +212,8 @@ def run_tests(code: str, tests: list[dict[str, str]], limits: SandboxLimits = Sa
         os.chmod(workdir, 0o700)
         out_path, err_path = workdir.with_name(workdir.name + ".out"), workdir.with_name(workdir.name + ".err")
         env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
-        command = [*plan.prefix, plan.python, "-I", "-S", "-B", str(HARNESS), str(job_path)]
+        prefix = [flag for flag in plan.prefix if not (limits.network and flag == "--net")]
+        command = [*prefix, plan.python, "-I", "-S", "-B", str(HARNESS), str(job_path)]
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=workdir,
                                        env=env, start_new_session=True, close_fds=True)

@@ -270,3 +270,25 @@ def test_reward_modules_import_nothing_heavy():
             "if m in sys.modules]\nassert not heavy, heavy")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_compatible_with_trl_reward_functions_both_ways(tmp_path):
+    """TRL's own rewards load as module:function; ours take the keyword arguments GRPOTrainer passes."""
+    from rewards.guard import RewardStats, guard_rewards
+
+    chat_prompts = [[{"role": "user", "content": "Half of one?"}]] * 2
+    chat = [[{"role": "assistant", "content": "<think>\n1/2\n</think>\n<answer>0.5</answer>"}],
+            [{"role": "assistant", "content": "no idea"}]]
+    trainer_kwargs = {"completion_ids": [[1, 2, 3], [4, 5]], "trainer_state": object(),
+                      "log_extra": lambda column, values: None, "log_metric": lambda name, value: None}
+    loaded = load_rewards(["trl.rewards:think_format_reward", "math_equal", "exact_match", "format",
+                           {"name": "overlong_penalty", "args": {"max_length": 3, "cache": 2}}], tmp_path)
+    assert required_columns(loaded[0].fn) == []
+    guarded = guard_rewards(loaded, RewardStats())
+    for prompts, completions in ((chat_prompts, chat), (["Half of one?"] * 2, [c[0]["content"] for c in chat])):
+        scores = [fn(prompts=prompts, completions=completions, answer=["1/2", "1/2"], **trainer_kwargs)
+                  for fn in guarded[1:]]
+        assert scores == [[1.0, 0.0], [0.0, 0.0], [1.0, 0.0], [-1.0, -0.5]]
+    assert guarded[0](prompts=chat_prompts, completions=chat, **trainer_kwargs) == [1.0, 0.0]
+    accuracy = load_reward("trl.rewards:accuracy_reward", tmp_path)
+    assert required_columns(accuracy.fn) == ["solution"]
