@@ -1,0 +1,381 @@
+"""GRPO stage: TRL's GRPOTrainer with a `variant:` preset, verifiable or learned rewards, and explicit settings.
+
+    kit run tiny-grpo
+    kit run recipes/qwen3-4b-grpo.yaml --dry-run
+
+A stage names its rewards (`rewards:`, each a built-in name, `module:function` or `path/to/file.py:function`,
+with an optional `weight`) and/or a reward model trained earlier in the recipe (`reward_model: <reward stage>`).
+The `variant:` preset fixes every GRPOConfig field that decides the objective (table below); anything in
+`train:` still wins, and the effective values are printed by `--dry-run` and written to `config.json`.
+
+    variant   loss_type  scale_rewards  beta  epsilon  epsilon_high  mask_truncated  what it is
+    grpo      grpo       group          0.04  0.2      0.2           false           DeepSeekMath: per-sequence mean,
+                                                                                      group z-score, KL to the reference
+    dr_grpo   dr_grpo    none           0.0   0.2      0.2           false           Dr. GRPO: no 1/|o| and no std
+    dapo      dapo       group          0.0   0.2      0.28          true            DAPO: token-level mean, clip-higher,
+                                                                                      truncated completions masked
+    bnpo      bnpo       group          0.0   0.2      0.2           false           token mean over the local batch
+
+Dr. GRPO's other fix for the difficulty bias is to scale by the whole batch's standard deviation instead of
+each group's: `train: {scale_rewards: batch}` on any variant.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from kitcli.backend import cuda_available, load_policy, save_model
+from kitcli.data import read_rows, to_dataset
+from kitcli.errors import KitError, did_you_mean
+from kitcli.progress import attach_progress, read_metrics, truncate_metrics
+from kitcli.runner import StageContext, last_checkpoint
+from kitcli.trl_config import build_config, config_dict, explicit_values
+
+# The fields each preset sets; every variant sets all of them, so switching variants never inherits a default.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "grpo": {"loss_type": "grpo", "scale_rewards": "group", "beta": 0.04, "epsilon": 0.2, "epsilon_high": 0.2,
+             "mask_truncated_completions": False, "importance_sampling_level": "token"},
+    "dr_grpo": {"loss_type": "dr_grpo", "scale_rewards": "none", "beta": 0.0, "epsilon": 0.2, "epsilon_high": 0.2,
+                "mask_truncated_completions": False, "importance_sampling_level": "token"},
+    "dapo": {"loss_type": "dapo", "scale_rewards": "group", "beta": 0.0, "epsilon": 0.2, "epsilon_high": 0.28,
+             "mask_truncated_completions": True, "importance_sampling_level": "token"},
+    "bnpo": {"loss_type": "bnpo", "scale_rewards": "group", "beta": 0.0, "epsilon": 0.2, "epsilon_high": 0.2,
+             "mask_truncated_completions": False, "importance_sampling_level": "token"},
+}
+DEFAULT_VARIANT = "grpo"
+# Stage types whose output is a policy adapter that `init:` can continue from.
+POLICY_STAGES = ("sft", "dpo", "grpo", "gspo", "ppo")
+
+
+def base_defaults(ctx: StageContext) -> dict[str, Any]:
+    """Generation and training settings shared by GRPO and GSPO stages, all explicit (TRL's and Unsloth's
+    defaults differ and move)."""
+    on_gpu = cuda_available()
+    return {
+        "learning_rate": 5e-6,
+        "per_device_train_batch_size": 8,
+        "gradient_accumulation_steps": 1,
+        "num_generations": 8,
+        "max_completion_length": 256,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": None,
+        "repetition_penalty": 1.0,
+        "num_iterations": 1,
+        "delta": None,
+        "multi_objective_aggregation": "sum_then_normalize",
+        "use_bias_correction_kl": False,  # DeepSeekMath's KL estimator, not TRL 1.15's reweighted one
+        "top_entropy_quantile": 1.0,
+        "entropy_coef": 0.0,
+        "use_adaptive_entropy": False,
+        "off_policy_mask_threshold": None,
+        "sync_ref_model": False,
+        "disable_dropout": True,  # so the old and current log-probabilities of a sample agree
+        "use_vllm": False,  # the kit loads models without Unsloth's fast_inference (vLLM) engine
+        "remove_unused_columns": False,  # rewards read dataset columns such as `answer`
+        "shuffle_dataset": True,
+        "log_completions": False,
+        "gradient_checkpointing": on_gpu,
+        "logging_steps": 1,
+    }
+
+
+def variant_name(ctx: StageContext) -> str:
+    name = ctx.stage.get("variant", DEFAULT_VARIANT)
+    if name not in VARIANTS:
+        raise KitError(f"{ctx.where}: unknown variant '{name}'{did_you_mean(str(name), VARIANTS)} "
+                       f"(available: {', '.join(VARIANTS)})")
+    return name
+
+
+def stage_defaults(ctx: StageContext, preset: dict[str, Any]) -> dict[str, Any]:
+    """base < preset, then the generation batch: `steps_per_generation` unless `train:` sizes it by
+    `generation_batch_size` (TRL takes one or the other)."""
+    train = ctx.stage.get("train", {})
+    defaults = {**base_defaults(ctx), **preset}
+    if "generation_batch_size" in train:
+        defaults.pop("steps_per_generation", None)
+    elif "steps_per_generation" not in defaults:
+        defaults["steps_per_generation"] = train.get("gradient_accumulation_steps",
+                                                     defaults["gradient_accumulation_steps"])
+    return defaults
+
+
+def check_group_sizes(values: dict[str, Any], where: str) -> None:
+    """Every generation batch must hold whole groups of num_generations completions of one prompt."""
+    per_device = values["per_device_train_batch_size"]
+    num_generations = values["num_generations"]
+    if not isinstance(num_generations, int) or num_generations < 2:
+        raise KitError(f"{where}: train.num_generations must be an integer >= 2 (the advantage compares "
+                       f"completions of the same prompt), got {num_generations!r}")
+    if values.get("generation_batch_size") is not None:
+        batch = values["generation_batch_size"]
+        source = f"generation_batch_size {batch}"
+    else:
+        steps = values["steps_per_generation"]
+        batch = per_device * steps
+        source = f"per_device_train_batch_size {per_device} x steps_per_generation {steps}"
+    if batch % num_generations:
+        fits = [g for g in range(2, batch + 1) if batch % g == 0]
+        multiple = num_generations * per_device // math.gcd(num_generations, per_device)
+        raise KitError(f"{where}: num_generations {num_generations} does not divide the generation batch of "
+                       f"{batch} completions ({source}); use num_generations {', '.join(map(str, fits)) or 'none'}, "
+                       f"or make the generation batch a multiple of {num_generations} "
+                       f"(e.g. train.generation_batch_size: {multiple})")
+
+
+def check_references(ctx: StageContext) -> None:
+    """`init:` must name a policy stage and `reward_model:` a reward stage (the recipe checks they are earlier)."""
+    types = {s["name"]: s["type"] for s in ctx.recipe.stages}
+    init = ctx.stage.get("init")
+    if init is not None and types.get(init) not in POLICY_STAGES:
+        raise KitError(f"{ctx.where}: init '{init}' is a {types.get(init)} stage; init passes a policy adapter, "
+                       f"so name an earlier {'/'.join(POLICY_STAGES)} stage (a reward model goes in reward_model:)")
+    reward_stage = reward_model_stage(ctx)
+    if reward_stage is None:
+        return
+    earlier = [s["name"] for s in ctx.recipe.stages[: [s["name"] for s in ctx.recipe.stages].index(ctx.name)]]
+    if reward_stage not in earlier:
+        raise KitError(f"{ctx.where}: reward_model '{reward_stage}' is not an earlier stage"
+                       f"{did_you_mean(reward_stage, earlier)}; name a reward stage that runs before this one")
+    if types[reward_stage] != "reward":
+        raise KitError(f"{ctx.where}: reward_model '{reward_stage}' is a {types[reward_stage]} stage; name an "
+                       f"earlier stage of type reward (a policy to start from goes in init:)")
+
+
+def reward_model_stage(ctx: StageContext) -> str | None:
+    raw = ctx.stage.get("reward_model")
+    if raw is None:
+        return None
+    if isinstance(raw, dict):
+        unknown = set(raw) - {"stage", "weight"}
+        if unknown or "stage" not in raw:
+            raise KitError(f"{ctx.where}: reward_model is a reward stage name, or a mapping with 'stage' and "
+                           f"optional 'weight'")
+        return str(raw["stage"])
+    return str(raw)
+
+
+def reward_model_weight(ctx: StageContext) -> float:
+    raw = ctx.stage.get("reward_model")
+    weight = raw.get("weight", 1.0) if isinstance(raw, dict) else 1.0
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+        raise KitError(f"{ctx.where}: reward_model.weight must be a number, got {weight!r}")
+    return float(weight)
+
+
+def load_reward_functions(ctx: StageContext):
+    from rewards.registry import load_rewards
+
+    specs = ctx.stage.get("rewards") or []
+    if not specs and ctx.stage.get("reward_model") is None:
+        raise KitError(f"{ctx.where}: no rewards; list reward functions under rewards: (e.g. - exact_match) "
+                       f"and/or name a reward stage with reward_model:")
+    return load_rewards(specs, ctx.recipe.base_dir, f"{ctx.where}: rewards")
+
+
+def reward_weights(ctx: StageContext, rewards) -> list[float]:
+    weights = [r.weight for r in rewards]
+    if reward_model_stage(ctx) is not None:
+        weights.append(reward_model_weight(ctx))
+    return weights
+
+
+def is_local(spec: dict[str, Any]) -> bool:
+    return Path(spec["path"]).is_file()
+
+
+def with_system_prompt(prompt: Any, system: str | None) -> Any:
+    """A prompt as a conversation that opens with `system` (string prompts become a user turn)."""
+    if system is None:
+        return prompt
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
+    if messages and messages[0].get("role") == "system":
+        return messages
+    return [{"role": "system", "content": system}, *messages]
+
+
+def load_rows(ctx: StageContext) -> list[dict[str, Any]]:
+    spec = ctx.stage["data"]
+    rows = read_rows(spec, ctx.where)
+    if "prompt" not in rows[0]:
+        present = sorted(rows[0])
+        likely = [c for c in ("question", "problem", "query", "instruction", "input", "text") if c in present]
+        likely += [c for c in present if c not in likely and c not in ("answer", "solution", "completion")]
+        hint = f"; map yours with e.g. columns: {{{likely[0]}: prompt}}" if likely else ""
+        raise KitError(f"{ctx.where}: dataset '{spec['path']}' has no prompt column (it has "
+                       f"{', '.join(present)}); GRPO samples completions for each prompt{hint}")
+    for index, row in enumerate(rows):
+        if row["prompt"] in (None, "", []):
+            raise KitError(f"{ctx.where}: row {index} of '{spec['path']}' has an empty prompt; every GRPO row "
+                           f"needs a prompt (a string or a list of messages)")
+    system = ctx.stage.get("system_prompt")
+    if system is not None and not isinstance(system, str):
+        raise KitError(f"{ctx.where}: system_prompt must be a string")
+    return [{**row, "prompt": with_system_prompt(row["prompt"], system)} for row in rows]
+
+
+def resolved_defaults(ctx: StageContext, preset: dict[str, Any], rewards) -> dict[str, Any]:
+    train = ctx.stage.get("train", {})
+    if "reward_weights" in train:
+        raise KitError(f"{ctx.where}: train.reward_weights is set by the kit from each reward's weight:; "
+                       f"give the weights there instead")
+    defaults = stage_defaults(ctx, preset)
+    defaults["reward_weights"] = reward_weights(ctx, rewards)
+    check_group_sizes({**defaults, **train}, ctx.where)
+    return defaults
+
+
+def make_config(ctx: StageContext, defaults: dict[str, Any]):
+    from trl import GRPOConfig
+
+    return build_config(GRPOConfig, stage_defaults=defaults, train=ctx.stage.get("train", {}), where=ctx.where,
+                        output_dir=ctx.stage_dir / "checkpoints", seed=ctx.seed, on_gpu=cuda_available())
+
+
+def describe_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """Validate data, references and rewards and build the GRPOConfig, without loading a model."""
+    from kitcli.backend import choose_backend, prepare_backend
+
+    prepare_backend(choose_backend(ctx.model["backend"]))
+    check_references(ctx)
+    spec = ctx.stage["data"]
+    rows: Any = len(load_rows(ctx)) if is_local(spec) else "hub dataset, read when the stage runs"
+    rewards = load_reward_functions(ctx)
+    defaults = resolved_defaults(ctx, preset, rewards)
+    config = make_config(ctx, defaults)
+    listed = [f"{r.name} (weight {r.weight:g}, {r.source})" for r in rewards]
+    if reward_model_stage(ctx) is not None:
+        listed.append(f"reward model of stage '{reward_model_stage(ctx)}' (weight {reward_model_weight(ctx):g})")
+    return {"init": ctx.stage.get("init") or "base model", **extra, "data": spec["path"], "rows": rows,
+            "rewards": listed, "GRPOConfig": explicit_values(config, defaults, ctx.stage.get("train", {}))}
+
+
+def describe(ctx: StageContext) -> dict[str, Any]:
+    variant = variant_name(ctx)
+    return describe_stage(ctx, VARIANTS[variant], {"variant": variant})
+
+
+def load_reward_scorer(ctx: StageContext):
+    """The merged sequence-classification model (and tokenizer) the named reward stage saved."""
+    from kitcli.backend import load_seq_cls_scorer
+
+    stage = reward_model_stage(ctx)
+    merged = ctx.outputs[stage] / "merged"
+    if not (merged / "config.json").exists():
+        raise KitError(f"{ctx.where}: reward stage '{stage}' left no merged model in {merged}; re-run it with --force")
+    model, tokenizer = load_seq_cls_scorer(merged, dtype=ctx.model["dtype"], log=ctx.log)
+    model.config._name_or_path = stage  # TRL logs a reward model as rewards/<name_or_path>/mean
+    return model, tokenizer
+
+
+def make_reward_metrics_callback(stats):
+    from transformers import TrainerCallback
+
+    class RewardMetrics(TrainerCallback):
+        """Adds per-reward seconds and skipped samples to each logged metrics dict (before kit's progress
+        callback writes it to metrics.jsonl)."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs is not None:
+                logs.update(stats.pop_metrics())
+
+    return RewardMetrics()
+
+
+def build_trainer(ctx: StageContext, preset: dict[str, Any]):
+    """Load the policy, the rewards and the data, and build the GRPOTrainer the stage trains with.
+    Returns (trainer, loaded policy, config)."""
+    from rewards.guard import RewardStats, guard_rewards
+
+    check_references(ctx)
+    rows = load_rows(ctx)
+    rewards = load_reward_functions(ctx)
+    defaults = resolved_defaults(ctx, preset, rewards)
+    loaded = load_policy(
+        ctx.model["name"], max_seq_length=ctx.model["max_seq_length"], load_in_4bit=ctx.model["load_in_4bit"],
+        lora=ctx.recipe.data["lora"], backend=ctx.model["backend"], dtype=ctx.model["dtype"], seed=ctx.seed,
+        init_from=ctx.init_dir, trust_remote_code=ctx.model["trust_remote_code"], log=ctx.log,
+    )
+    from trl import GRPOTrainer
+
+    config = make_config(ctx, defaults)
+    stats = RewardStats()
+    reward_funcs: list[Any] = guard_rewards(rewards, stats)
+    processing: list[Any] = [None] * len(reward_funcs)
+    if reward_model_stage(ctx) is not None:
+        model, tokenizer = load_reward_scorer(ctx)
+        reward_funcs.append(model)
+        processing.append(tokenizer)
+    adapter = adapter_snapshot(loaded.model, loaded.dtype)
+    trainer = GRPOTrainer(model=loaded.model, reward_funcs=reward_funcs, args=config, train_dataset=to_dataset(rows),
+                          processing_class=loaded.tokenizer, reward_processing_classes=processing)
+    restore_adapter(trainer.model, adapter)
+    trainer.add_callback(make_reward_metrics_callback(stats))
+    return trainer, loaded, config
+
+
+def adapter_snapshot(model, dtype: str) -> dict[str, Any]:
+    """The trainable weights of a float32 run, to undo GRPOTrainer's cast of a 4-bit model's LoRA weights to
+    bfloat16 (the QLoRA recipe for bf16 GPUs): on CPU it would change the weights `init:` passed on and then lose
+    AdamW steps of ~1e-4 in bf16's 8-bit mantissa."""
+    if dtype != "float32":
+        return {}
+    return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def restore_adapter(model, snapshot: dict[str, Any]) -> None:
+    for name, parameter in model.named_parameters():
+        if name in snapshot and parameter.dtype != snapshot[name].dtype:
+            parameter.data = snapshot[name]
+
+
+def window_mean(values: list[float], first: bool) -> float | None:
+    """Mean of the first (or last) quarter of the logged values: one log of a few groups is noisy."""
+    if not values:
+        return None
+    n = max(1, len(values) // 4)
+    chosen = values[:n] if first else values[-n:]
+    return sum(chosen) / len(chosen)
+
+
+def train_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    trainer, loaded, config = build_trainer(ctx, preset)
+    (ctx.stage_dir / "config.json").write_text(json.dumps(config_dict(config), indent=2))
+    metrics_path = ctx.stage_dir / "metrics.jsonl"
+    attach_progress(trainer, ctx.name, metrics_path, ctx.console)
+    resume = last_checkpoint(ctx.stage_dir)
+    if resume is not None:
+        step = int(resume.name.split("-")[-1])
+        truncate_metrics(metrics_path, step)
+        ctx.log(f"resuming {ctx.name} from {resume.name} (step {step})")
+    try:
+        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    except KitError as error:  # a reward failed: say which stage, keep the checkpoints
+        raise KitError(f"{ctx.where}: {error.message}") from None
+    model = loaded.model
+    if "ref" in getattr(model, "peft_config", {}):
+        model.delete_adapter("ref")  # TRL's frozen copy of the starting adapter (beta > 0); not part of the result
+    save_model(model, loaded.tokenizer, ctx.stage_dir)
+    logged = read_metrics(metrics_path)
+    rewards = [row["reward"] for row in logged if "reward" in row]
+    summary = {**extra, "steps": trainer.state.global_step, "resumed_from": resume.name if resume else None,
+               "reward_first": window_mean(rewards, first=True), "reward_last": window_mean(rewards, first=False),
+               "backend": loaded.backend}
+    for key in sorted({k for row in logged for k in row if k.startswith("rewards/") and k.endswith("/mean")}):
+        values = [row[key] for row in logged if key in row]
+        summary[f"{key}_first"] = window_mean(values, first=True)
+        summary[f"{key}_last"] = window_mean(values, first=False)
+    if rewards:
+        summary["headline"] = (f"reward {summary['reward_first']:.3f} -> {summary['reward_last']:.3f} "
+                               f"(mean of first/last quarter of {len(rewards)} logs)")
+    return summary
+
+
+def run(ctx: StageContext) -> dict[str, Any]:
+    variant = variant_name(ctx)
+    return train_stage(ctx, VARIANTS[variant], {"variant": variant})

@@ -1,0 +1,100 @@
+"""GSPO stage on the tiny model: the paper configuration, training, reload, and the on-policy refusal."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from helpers import DATA, done, metrics, run_cli, write_recipe
+from safetensors.torch import load_file
+
+from kitcli.stages.gspo import GSPO_PRESET
+
+PROMPTS = str(DATA / "arithmetic_prompts.jsonl")
+LENGTH_REWARD = """
+def varied(prompts, completions, **kwargs):  # deterministic per text, different across texts
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [(sum(map(ord, t)) % 10) / 10 for t in texts]
+"""
+PAPER = {"importance_sampling_level": "sequence", "loss_type": "grpo", "beta": 0.0, "epsilon": 3e-4,
+         "epsilon_high": 4e-4, "gradient_accumulation_steps": 1, "steps_per_generation": 4}
+
+
+def stages(**gspo) -> list[dict]:
+    sft = {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),
+           "train": {"max_steps": 4, "per_device_train_batch_size": 8, "learning_rate": 2e-3, "save_steps": 50}}
+    stage = {"name": "gspo", "type": "gspo", "init": "sft", "data": PROMPTS,
+             "rewards": ["exact_match", "length_reward.py:varied"],
+             "train": {"learning_rate": 1e-3, "max_steps": 4, "per_device_train_batch_size": 4, "num_generations": 4,
+                       "max_completion_length": 4, "logging_steps": 2, "save_steps": 50, **gspo.pop("train", {})},
+             **gspo}
+    return [sft, stage]
+
+
+def dry_run(tmp_path, **gspo) -> dict:
+    (tmp_path / "length_reward.py").write_text(LENGTH_REWARD)
+    recipe = write_recipe(tmp_path / "r.yaml", stages(**gspo))
+    return yaml.safe_load(run_cli("run", recipe, "--dry-run").output.split("(gspo)\n", 1)[1])
+
+
+def test_preset_is_the_paper_configuration():
+    assert {k: GSPO_PRESET[k] for k in PAPER} == PAPER
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gspo")
+    (root / "length_reward.py").write_text(LENGTH_REWARD)
+    run_cli("run", write_recipe(root / "r.yaml", stages()), "--output", root / "run")
+    return root / "run"
+
+
+def test_gspo_trains_with_the_paper_settings(trained):
+    config = json.loads((trained / "gspo" / "config.json").read_text())
+    for key, value in PAPER.items():
+        assert config[key] == value, key
+    rows = metrics(trained / "gspo")
+    assert len([row for row in rows if "loss" in row]) == 2
+    # one generation batch serves 4 optimizer steps, so rewards are logged with the first log of each
+    scored = [row for row in rows if "reward" in row]
+    assert len(scored) == 1
+    assert {"loss", "rewards/exact_match/mean", "rewards/varied/mean", "clip_ratio/region_mean",
+            "reward_seconds/varied"} <= set(scored[0])
+    assert "kl" not in scored[0]  # beta 0: no reference model
+    summary = done(trained / "gspo")
+    assert summary["steps"] == 4 and summary["method"] == "gspo"
+    before = load_file(str(trained / "sft" / "adapter" / "adapter_model.safetensors"))
+    after = load_file(str(trained / "gspo" / "adapter" / "adapter_model.safetensors"))
+    assert before.keys() == after.keys() and all(not (before[k] == after[k]).all() for k in before)
+
+
+def test_gspo_adapter_reloads(trained):
+    from kitcli.backend import load_policy
+
+    loaded = load_policy("tiny", max_seq_length=128, load_in_4bit=True, lora=None, dtype="float32",
+                         init_from=trained / "gspo", trainable=False, log=lambda _: None)
+    assert loaded.trainable_params == 0 and loaded.total_params > 0
+
+
+def test_on_policy_settings_are_refused_with_the_reason(tmp_path):
+    recipe = write_recipe(tmp_path / "r.yaml", stages(train={"steps_per_generation": 1}))
+    result = run_cli("run", recipe, "--dry-run", expect=2)
+    message = result.output.strip().splitlines()[-1]
+    assert message.startswith("Error: ") and "on-policy" in message
+    assert "sequence ratio is exactly 1" in message and "allow_on_policy: true" in message
+
+
+def test_on_policy_can_be_allowed_deliberately(tmp_path):
+    resolved = dry_run(tmp_path, allow_on_policy=True, train={"steps_per_generation": 1})
+    assert resolved["allow_on_policy"] is True and resolved["GRPOConfig"]["steps_per_generation"] == 1
+
+
+def test_more_iterations_make_it_off_policy(tmp_path):
+    resolved = dry_run(tmp_path, train={"steps_per_generation": 1, "num_iterations": 2})
+    assert resolved["GRPOConfig"]["num_iterations"] == 2
+
+
+def test_token_level_ratio_is_refused(tmp_path):
+    recipe = write_recipe(tmp_path / "r.yaml", stages(train={"importance_sampling_level": "token"}))
+    assert "use a stage of type grpo" in run_cli("run", recipe, "--dry-run", expect=2).output

@@ -1,0 +1,207 @@
+"""The GRPO and GSPO objectives of the reference page, computed here from scratch on a fixed small batch and
+compared with what the trainer the kit builds (the real `build_trainer`, after Unsloth's patching) computes.
+
+A TRL or Unsloth change that alters an advantage, a ratio, the clipping or the aggregation fails here.
+Rewards are fixed numbers (a reward file returns them by position), so the advantages are known in advance;
+old log-probabilities are shifted by a fixed random amount so that ratios differ from 1 and some are clipped.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import DATA, write_recipe
+from rich.console import Console
+
+from kitcli.recipe import load_recipe
+from kitcli.runner import StageContext
+from kitcli.stages import grpo, gspo
+
+GROUPS = 2
+G = 4  # completions per prompt
+SCORES = [1.0, 0.0, 0.0, 1.0, 0.5, 2.0, 0.5, 0.0]  # group 1, then group 2
+TEMPERATURE = 0.8  # not 1, so a trainer that forgot the sampling temperature in its log-probs would be caught
+
+
+def build(tmp_path: Path, stage_type: str, train: dict | None = None, variant: str | None = None):
+    (tmp_path / "fixed_rewards.py").write_text(textwrap.dedent(f"""
+        SCORES = {SCORES!r}
+
+        def fixed(prompts, completions, **kwargs):
+            return SCORES[: len(completions)]
+    """))
+    stage = {"name": "rl", "type": stage_type, "data": str(DATA / "arithmetic_prompts.jsonl"),
+             "rewards": ["fixed_rewards.py:fixed"],
+             "train": {"per_device_train_batch_size": GROUPS * G, "num_generations": G, "max_completion_length": 6,
+                       "temperature": TEMPERATURE, **(train or {})}}
+    if variant:
+        stage["variant"] = variant
+    recipe = load_recipe(str(write_recipe(tmp_path / "r.yaml", [stage])))
+    ctx = StageContext(recipe, recipe.stage("rl"), tmp_path / "run", Console(quiet=True), {})
+    preset = gspo.GSPO_PRESET if stage_type == "gspo" else grpo.VARIANTS[variant or grpo.DEFAULT_VARIANT]
+    trainer, _, _ = grpo.build_trainer(ctx, preset)
+    return trainer
+
+
+def generation_batch(trainer) -> dict:
+    """One generation batch scored by the fixed rewards, computed in eval mode (no gradient accumulation)."""
+    rows = [trainer.train_dataset[i] for i in range(GROUPS)]
+    trainer.model.eval()
+    torch.manual_seed(0)
+    return trainer._generate_and_score_completions([row for row in rows for _ in range(G)])
+
+
+def policy_logps(model, batch: dict) -> torch.Tensor:
+    """log pi_theta(o_t | q, o_<t) of each completion token at the sampling temperature, by a plain forward pass."""
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    n = batch["completion_ids"].shape[1]
+    logits = logits[:, -n - 1:-1, :].float() / TEMPERATURE
+    return torch.log_softmax(logits, dim=-1).gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
+
+
+def with_old_logps(trainer, batch: dict, spread: float, offsets: torch.Tensor | None = None):
+    """The batch with old log-probabilities = current - shift, so the token ratios are exp(shift): a fixed random
+    shift per token, plus `offsets` per sequence (to place whole sequences inside or outside the clip range)."""
+    with torch.no_grad():
+        current = policy_logps(trainer.model, batch)
+    shift = (torch.rand(current.shape, generator=torch.Generator().manual_seed(1)) * 2 - 1) * spread
+    if offsets is not None:
+        shift = shift + offsets.unsqueeze(1)
+    return {**batch, "old_per_token_logps": current - shift}, shift
+
+
+def group_rewards() -> torch.Tensor:
+    return torch.tensor(SCORES).view(GROUPS, G)
+
+
+def trainable(model) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def loss_and_grads(loss: torch.Tensor, model) -> tuple[float, list[torch.Tensor]]:
+    params = trainable(model)
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    return loss.item(), [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+
+
+def assert_same(trl: tuple[float, list], ours: tuple[float, list]) -> None:
+    assert trl[0] == pytest.approx(ours[0], rel=1e-4, abs=1e-7)
+    for a, b in zip(trl[1], ours[1]):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-7)
+
+
+def test_group_z_score_advantage(tmp_path):
+    """GRPO: A_i = (R_i - mean(R_group)) / std(R_group), the same for every token of o_i."""
+    trainer = build(tmp_path, "grpo", variant="grpo")
+    advantages = generation_batch(trainer)["advantages"].view(GROUPS, G)
+    rewards = group_rewards()
+    expected = (rewards - rewards.mean(1, keepdim=True)) / rewards.std(1, keepdim=True)  # sample std, as TRL
+    # TRL adds 1e-4 to the std to avoid dividing by zero; that is the only difference allowed.
+    torch.testing.assert_close(advantages, expected, rtol=1e-3, atol=1e-3)
+
+
+def test_dr_grpo_advantage_is_unscaled(tmp_path):
+    """Dr. GRPO: A_i = R_i - mean(R_group), no division by the group's std."""
+    trainer = build(tmp_path, "grpo", variant="dr_grpo")
+    advantages = generation_batch(trainer)["advantages"].view(GROUPS, G)
+    rewards = group_rewards()
+    torch.testing.assert_close(advantages, rewards - rewards.mean(1, keepdim=True))
+
+
+def test_batch_scaled_advantage(tmp_path):
+    """scale_rewards: batch, the other fix for the difficulty bias: divide by the whole batch's std."""
+    trainer = build(tmp_path, "grpo", variant="dr_grpo", train={"scale_rewards": "batch"})
+    advantages = generation_batch(trainer)["advantages"].view(GROUPS, G)
+    rewards = group_rewards()
+    expected = (rewards - rewards.mean(1, keepdim=True)) / rewards.flatten().std()
+    torch.testing.assert_close(advantages, expected, rtol=1e-3, atol=1e-3)
+
+
+def clipped(ratio, advantage, low, high):
+    return torch.min(ratio * advantage, torch.clamp(ratio, 1 - low, 1 + high) * advantage)
+
+
+def test_grpo_loss_matches_deepseekmath_formula(tmp_path):
+    """L = -1/G sum_i 1/|o_i| sum_t [min(r A, clip(r) A) - beta KL_t], KL_t = pi_ref/pi - log(pi_ref/pi) - 1."""
+    trainer = build(tmp_path, "grpo", variant="grpo")
+    batch, _ = with_old_logps(trainer, generation_batch(trainer), spread=0.4)
+    config = trainer.args
+    assert (config.loss_type, config.beta, config.epsilon) == ("grpo", 0.04, 0.2)
+    mask = batch["completion_mask"].float()
+    advantages = batch["advantages"].unsqueeze(1)
+
+    logps = policy_logps(trainer.model, batch)
+    ratio = torch.exp(logps - batch["old_per_token_logps"])
+    log_ref_ratio = batch["ref_per_token_logps"] - logps
+    kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1
+    per_token = clipped(ratio, advantages, config.epsilon, config.epsilon_high) - config.beta * kl
+    ours = -((per_token * mask).sum(1) / mask.sum(1)).mean()
+    assert 0 < ((ratio - 1).abs() > config.epsilon).float().mean() < 1, "the batch must exercise the clipping"
+
+    assert_same(loss_and_grads(trainer.compute_loss(trainer.model, batch), trainer.model),
+                loss_and_grads(ours, trainer.model))
+
+
+def test_gspo_sequence_ratio_and_clipped_objective(tmp_path):
+    """s_i = exp(1/|y_i| sum_t log(pi/pi_old)), the geometric mean of the token ratios;
+    L = -1/G sum_i min(s_i A_i, clip(s_i, 1-eps, 1+eps_high) A_i)."""
+    trainer = build(tmp_path, "gspo", train={"per_device_train_batch_size": GROUPS * G // 4})
+    assert trainer.args.steps_per_generation == 4 and trainer.args.gradient_accumulation_steps == 1
+    # sequence log-ratios from -1.5e-3 to 1.5e-3 around the clip range [1 - 3e-4, 1 + 4e-4], token noise on top
+    offsets = torch.linspace(-1.5e-3, 1.5e-3, GROUPS * G)
+    batch, shift = with_old_logps(trainer, generation_batch(trainer), spread=5e-4, offsets=offsets)
+    config = trainer.args
+    assert (config.importance_sampling_level, config.loss_type, config.beta) == ("sequence", "grpo", 0.0)
+    mask = batch["completion_mask"].float()
+    advantages = batch["advantages"]
+
+    logps = policy_logps(trainer.model, batch)
+    token_ratio = torch.exp(logps - batch["old_per_token_logps"])
+    sequence_ratio = torch.exp((torch.log(token_ratio) * mask).sum(1) / mask.sum(1))
+    geometric_mean = torch.exp((shift * mask).sum(1) / mask.sum(1))  # the ratios as constructed
+    torch.testing.assert_close(sequence_ratio.detach(), geometric_mean, rtol=1e-5, atol=1e-6)
+    ours = -clipped(sequence_ratio, advantages, config.epsilon, config.epsilon_high).mean()
+    outside = ((sequence_ratio < 1 - config.epsilon) & (advantages < 0)) | (
+        (sequence_ratio > 1 + config.epsilon_high) & (advantages > 0))
+    assert 0 < outside.float().mean() < 1, "the batch must exercise the sequence-level clipping"
+
+    assert_same(loss_and_grads(trainer.compute_loss(trainer.model, batch), trainer.model),
+                loss_and_grads(ours, trainer.model))
+    # TRL's clip metric counts sequences, one ratio each
+    assert trainer._metrics["eval"]["clip_ratio/region_mean"][-1] == pytest.approx(outside.float().mean().item())
+
+
+@pytest.mark.parametrize("variant", ["dapo", "dr_grpo", "bnpo"])
+def test_token_level_aggregations(tmp_path, variant):
+    """DAPO/BNPO: sum over all tokens / number of tokens; Dr. GRPO: sum / (G * max_completion_length).
+    (Masking of truncated completions is off here: the untrained tiny model rarely stops within 6 tokens.)"""
+    trainer = build(tmp_path, "grpo", variant=variant, train={"mask_truncated_completions": False})
+    batch, _ = with_old_logps(trainer, generation_batch(trainer), spread=0.4)
+    config = trainer.args
+    mask = batch["completion_mask"].float()
+    logps = policy_logps(trainer.model, batch)
+    ratio = torch.exp(logps - batch["old_per_token_logps"])
+    per_token = clipped(ratio, batch["advantages"].unsqueeze(1), config.epsilon, config.epsilon_high) * mask
+    if variant == "dr_grpo":
+        ours = -per_token.sum() / (mask.shape[0] * config.max_completion_length)
+    else:
+        ours = -per_token.sum() / mask.sum()
+    assert_same(loss_and_grads(trainer.compute_loss(trainer.model, batch), trainer.model),
+                loss_and_grads(ours, trainer.model))
+
+
+def test_dapo_masks_truncated_completions(tmp_path):
+    """DAPO's overlong filtering: a completion cut at max_completion_length contributes no token to the loss."""
+    trainer = build(tmp_path, "grpo", variant="dapo", train={"max_completion_length": 2})
+    assert trainer.args.mask_truncated_completions is True
+    batch = generation_batch(trainer)
+    stops = {*trainer.eos_token_ids, trainer.processing_class.pad_token_id}
+    truncated = torch.tensor([ids[-1].item() not in stops for ids in batch["completion_ids"]])
+    assert truncated.any()
+    assert (batch["completion_mask"][truncated] == 0).all()
+    assert (batch["completion_mask"][~truncated][:, 0] == 1).all()
