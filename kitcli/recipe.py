@@ -36,7 +36,7 @@ STAGE_KEYS = {
     "grpo": {"data", "train", "variant", "rewards", "reward_model", "system_prompt"},
     "gspo": {"data", "train", "rewards", "reward_model", "allow_on_policy", "system_prompt"},
     "ppo": {"data", "train", "rewards", "reward_model"},
-    "eval": {"data", "generation"},
+    "eval": {"data", "generation", "rewards"},
 }
 COMMON_STAGE_KEYS = {"name", "type", "init"}
 TOP_LEVEL_KEYS = {"name", "description", "model", "seed", "lora", "stages"}

@@ -336,10 +336,10 @@ def print_summary(results, console: Console, report: Path | None = None, run_dir
     if evals:
         header, rows = before_after(evals)
         table = Table(title="evaluation (held-out): before and after training")
-        for column in header:
-            table.add_column(column)
+        for index, column in enumerate(header):
+            table.add_column(column, justify="left" if index == 0 else "right")
         for index, row in enumerate(rows):
-            table.add_row(*row, end_section=index == len(evals) - 1)
+            table.add_row(*row, end_section=index == len(rows) - 2)
         console.print(table)
     if report is not None:
         console.print(f"report: {report}", highlight=False, markup=False)

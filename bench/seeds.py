@@ -1,0 +1,142 @@
+"""The learning proof: run tiny recipes for several seeds and check that each training stage improved what its
+eval stages measure by more than the spread between seeds.
+
+    python bench/seeds.py                                   # every recipes/tiny-*.yaml, seeds 1 2 3
+    python bench/seeds.py tiny-sft tiny-grpo --seeds 1 2 3
+    python bench/seeds.py tiny-sft --seeds 1 2 3 --force    # redo finished runs
+
+Each run is `kit run RECIPE --set seed=N --output bench/runs/RECIPE-seedN --quiet` (a finished run is reused,
+as `kit run` skips finished stages). The scores come from the DONE files of the run's eval stages. For each pair of
+consecutive eval stages (e.g. eval-before -> eval-after, with the training stages between them) the script
+reports, per score, the mean and standard deviation over seeds of both evals and of the change, and calls the
+change clear when every seed improved and the mean change exceeds the larger of the two evals' seed-to-seed
+standard deviations. Results go to bench/results/seeds.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from kitcli.report import eval_metric_keys, metric_label  # noqa: E402  (after the path is set)
+
+
+def tiny_recipes() -> list[str]:
+    return sorted(p.stem for p in (ROOT / "recipes").glob("tiny-*.yaml"))
+
+
+def run_recipe(recipe: str, seed: int, runs: Path, force: bool) -> tuple[Path, float]:
+    run_dir = runs / f"{recipe}-seed{seed}"
+    command = [sys.executable, "-m", "kitcli", "run", recipe, "--set", f"seed={seed}", "--output", str(run_dir),
+               "--quiet"]
+    if force:
+        command.append("--force")
+    started = time.time()
+    print(f"$ {' '.join(command[2:])}", flush=True)
+    result = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if result.returncode != 0:
+        tail = "\n".join(result.stdout.splitlines()[-15:])
+        raise SystemExit(f"{recipe} seed {seed} failed (exit {result.returncode}):\n{tail}")
+    return run_dir, time.time() - started
+
+
+def read_evals(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(eval stages in order with their DONE summaries, all stages of the recipe)."""
+    import yaml
+
+    lock = yaml.safe_load((run_dir / "recipe.lock.yaml").read_text())
+    stages = lock["recipe"]["stages"]
+    evals = []
+    for stage in stages:
+        if stage["type"] == "eval":
+            done = json.loads((run_dir / stage["name"] / "DONE").read_text())
+            evals.append({"name": stage["name"], "init": stage.get("init"), "summary": done})
+    return evals, stages
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values), "values": values}
+
+
+def summarize(recipe: str, per_seed: dict[int, tuple[list[dict[str, Any]], list[dict[str, Any]]]]) -> dict[str, Any]:
+    seeds = sorted(per_seed)
+    evals0, stages = per_seed[seeds[0]]
+    names = [e["name"] for e in evals0]
+    keys = eval_metric_keys([e["summary"] for e in evals0])
+    scores = {}
+    for index, name in enumerate(names):
+        scores[name] = {key: spread([per_seed[s][0][index]["summary"][key] for s in seeds]) for key in keys
+                        if all(isinstance(per_seed[s][0][index]["summary"].get(key), (int, float)) for s in seeds)}
+    order = [s["name"] for s in stages]
+    changes = []
+    for a, b in zip(names, names[1:]):
+        trained = [s["name"] for s in stages[order.index(a) + 1: order.index(b)] if s["type"] != "eval"]
+        figures = {}
+        for key in keys:
+            if key not in scores[a] or key not in scores[b]:
+                continue
+            deltas = [y - x for x, y in zip(scores[a][key]["values"], scores[b][key]["values"])]
+            change = spread(deltas)
+            noise = max(scores[a][key]["std"], scores[b][key]["std"])
+            change["clear"] = min(deltas) > 0 and change["mean"] > noise
+            figures[key] = change
+        changes.append({"from": a, "to": b, "trained": trained, "scores": figures})
+    return {"recipe": recipe, "seeds": seeds, "evals": scores, "changes": changes}
+
+
+def show(result: dict[str, Any]) -> None:
+    print(f"\n{result['recipe']}  (seeds {', '.join(map(str, result['seeds']))}; mean ± std over seeds)")
+    for name, scores in result["evals"].items():
+        cells = "  ".join(f"{metric_label(k)} {v['mean']:.3f} ± {v['std']:.3f}" for k, v in scores.items())
+        print(f"  {name:<16} {cells}")
+    for change in result["changes"]:
+        trained = ", ".join(change["trained"]) or "nothing"
+        cells = "  ".join(f"{metric_label(k)} {v['mean']:+.3f} ± {v['std']:.3f}{' (clear)' if v['clear'] else ''}"
+                          for k, v in change["scores"].items())
+        print(f"  {change['from']} -> {change['to']} (trains {trained}): {cells}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("recipes", nargs="*", help="shipped recipe names (default: every recipes/tiny-*.yaml)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--runs", type=Path, default=ROOT / "bench" / "runs", help="where the run directories go")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "seeds.json")
+    parser.add_argument("--force", action="store_true", help="redo finished runs")
+    args = parser.parse_args()
+    recipes = args.recipes or tiny_recipes()
+    results, seconds = [], {}
+    for recipe in recipes:
+        per_seed = {}
+        for seed in args.seeds:
+            run_dir, took = run_recipe(recipe, seed, args.runs, args.force)
+            seconds[f"{recipe}-seed{seed}"] = round(took, 1)
+            per_seed[seed] = read_evals(run_dir)
+        result = summarize(recipe, per_seed)
+        show(result)
+        results.append(result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    earlier = json.loads(args.out.read_text()) if args.out.exists() else {}
+    kept = [r for r in earlier.get("results", []) if r["recipe"] not in recipes]  # other recipes' figures stay
+    payload = {"machine": {"cpus": os.cpu_count(), "platform": f"{platform.system()} {platform.machine()}",
+                           "python": platform.python_version()},
+               "seconds": {**earlier.get("seconds", {}), **seconds},
+               "results": sorted(kept + results, key=lambda r: r["recipe"])}
+    args.out.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Alarms: signs in the logged metrics that training has stopped learning or is about to break.
+
+    monitor = AlarmMonitor("grpo")
+    for step, logs in stream:
+        for alarm in monitor.update(step, logs):
+            print(alarm.message)
+
+Each check reads the metric stream one logging step at a time and raises an alarm when its condition starts to
+hold; while the condition keeps holding the alarm stays active (shown by the dashboard) without being raised
+again, and once it clears it can be raised again. Nothing here imports torch: the checks are plain arithmetic on
+the numbers TRL (or the kit's PPO loop) logs.
+
+    reward_constant    the reward was the same for `constant_steps` logging steps in a row: no learning signal
+    zero_std_groups    every group had zero reward std for `zero_std_steps` steps: every advantage is zero
+    kl_growing         the KL to the reference at least doubled within `kl_window` steps and is above `kl_floor`
+    length_collapsed   completions were empty (mean length <= `min_length` tokens) for `length_steps` steps
+    length_pinned      (nearly) every completion hit max_completion_length for `length_steps` steps
+    loss_nan           the loss (or gradient norm) is NaN or infinite
+    loss_exploding     |loss| above `explode_factor` x the median |loss| so far (and above `explode_floor`)
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Where each stage type logs the quantities the checks read (first key present wins).
+REWARD_KEYS = ("reward", "objective/scores")
+KL_KEYS = ("kl", "objective/kl")
+LOSS_KEYS = ("loss", "loss/policy", "loss/value")
+GRAD_KEYS = ("grad_norm",)
+RL_TYPES = ("grpo", "gspo", "ppo")
+
+
+@dataclass
+class AlarmSettings:
+    constant_steps: int = 10
+    constant_tolerance: float = 1e-6
+    zero_std_steps: int = 3
+    kl_window: int = 5
+    kl_floor: float = 0.5
+    kl_factor: float = 2.0
+    length_steps: int = 3
+    min_length: float = 1.0
+    pinned_ratio: float = 0.95
+    explode_factor: float = 10.0
+    explode_floor: float = 10.0
+    explode_history: int = 5
+
+
+@dataclass
+class Alarm:
+    code: str
+    step: int
+    message: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def first_value(logs: dict[str, Any], keys: tuple[str, ...]) -> tuple[str | None, float | None]:
+    for key in keys:
+        value = logs.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return key, float(value)
+    return None, None
+
+
+def finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+@dataclass
+class AlarmMonitor:
+    """Feed it each logged metrics dict in order; `update` returns the alarms raised at that step."""
+
+    stage_type: str | None = None
+    settings: AlarmSettings = field(default_factory=AlarmSettings)
+    active: dict[str, Alarm] = field(default_factory=dict)
+    raised: list[Alarm] = field(default_factory=list)
+    history: dict[str, list[float]] = field(default_factory=dict)
+    streaks: dict[str, int] = field(default_factory=dict)
+
+    def remember(self, name: str, value: float | None) -> list[float]:
+        values = self.history.setdefault(name, [])
+        if finite(value):
+            values.append(value)
+        return values
+
+    def streak(self, name: str, holds: bool) -> int:
+        self.streaks[name] = self.streaks.get(name, 0) + 1 if holds else 0
+        return self.streaks[name]
+
+    def update(self, step: int, logs: dict[str, Any]) -> list[Alarm]:
+        """Check one logging step. Logs without training metrics (eval logs, the final summary) are skipped."""
+        if "train_runtime" in logs or all(str(k).startswith("eval_") for k in logs):
+            return []
+        found: dict[str, str] = {}
+        for check in (self.check_loss, self.check_reward, self.check_zero_std, self.check_kl, self.check_length):
+            found.update(check(logs))
+        new = []
+        for code, message in found.items():
+            if code not in self.active:
+                alarm = Alarm(code, step, message)
+                new.append(alarm)
+                self.raised.append(alarm)
+            self.active[code] = Alarm(code, step, message)
+        for code in [c for c in self.active if c not in found and c in self.seen_codes(logs)]:
+            del self.active[code]  # the condition no longer holds
+        return new
+
+    def seen_codes(self, logs: dict[str, Any]) -> set[str]:
+        """Alarms this log can clear: those whose metrics it contains."""
+        codes = set()
+        if first_value(logs, LOSS_KEYS)[0] or first_value(logs, GRAD_KEYS)[0]:
+            codes |= {"loss_nan", "loss_exploding"}
+        if first_value(logs, REWARD_KEYS)[0]:
+            codes.add("reward_constant")
+        if "frac_reward_zero_std" in logs:
+            codes.add("zero_std_groups")
+        if first_value(logs, KL_KEYS)[0]:
+            codes.add("kl_growing")
+        if "completions/mean_length" in logs or "completions/clipped_ratio" in logs:
+            codes |= {"length_collapsed", "length_pinned"}
+        return codes
+
+    # --- the checks: each returns {code: message} for the conditions that hold now ---------------------------
+
+    def check_loss(self, logs: dict[str, Any]) -> dict[str, str]:
+        s = self.settings
+        key, loss = first_value(logs, LOSS_KEYS)
+        grad_key, grad = first_value(logs, GRAD_KEYS)
+        if (loss is not None and not math.isfinite(loss)) or (grad is not None and not math.isfinite(grad)):
+            what = f"{key} is {loss}" if loss is not None and not math.isfinite(loss) else f"{grad_key} is {grad}"
+            return {"loss_nan": f"{what}: training diverged; lower the learning rate, check the data for empty "
+                                f"or overlong rows, and resume from the last checkpoint"}
+        if loss is None:
+            return {}
+        earlier = [abs(v) for v in self.history.get("loss", [])]
+        self.remember("loss", loss)
+        if len(earlier) >= s.explode_history:
+            typical = statistics.median(earlier)
+            if abs(loss) > s.explode_floor and abs(loss) > s.explode_factor * typical:
+                return {"loss_exploding": f"{key} {loss:.4g} is over {s.explode_factor:g}x its median so far "
+                                          f"({typical:.4g}): lower the learning rate or set max_grad_norm"}
+        return {}
+
+    def check_reward(self, logs: dict[str, Any]) -> dict[str, str]:
+        s = self.settings
+        if self.stage_type is not None and self.stage_type not in RL_TYPES:
+            return {}
+        key, reward = first_value(logs, REWARD_KEYS)
+        if reward is None:
+            return {}
+        values = self.remember("reward", reward)
+        recent = values[-s.constant_steps:]
+        if len(recent) >= s.constant_steps and max(recent) - min(recent) <= s.constant_tolerance:
+            return {"reward_constant": f"{key} has been {reward:.4g} for {len(recent)} logging steps: the rewards "
+                                       f"give no signal; score a few completions by hand, or check that the reward "
+                                       f"functions read the right columns"}
+        return {}
+
+    def check_zero_std(self, logs: dict[str, Any]) -> dict[str, str]:
+        s = self.settings
+        frac = logs.get("frac_reward_zero_std")
+        if not isinstance(frac, (int, float)):
+            return {}
+        count = self.streak("zero_std", frac >= 1.0 - 1e-9)
+        if count >= s.zero_std_steps:
+            return {"zero_std_groups": f"every group had zero reward std for {count} logging steps: all completions "
+                                       f"of a prompt score the same, so every advantage is 0; use more "
+                                       f"num_generations, a higher temperature, or a reward with partial credit"}
+        return {}
+
+    def check_kl(self, logs: dict[str, Any]) -> dict[str, str]:
+        s = self.settings
+        key, kl = first_value(logs, KL_KEYS)
+        if kl is None:
+            return {}
+        values = self.remember("kl", kl)
+        window = values[-(s.kl_window + 1):]
+        if len(window) > s.kl_window and kl > s.kl_floor and kl >= s.kl_factor * max(min(window[:-1]), 1e-8):
+            return {"kl_growing": f"{key} grew from {min(window[:-1]):.4g} to {kl:.4g} within {s.kl_window} logging "
+                                  f"steps: the policy is running away from the reference; lower the learning rate "
+                                  f"or raise beta / kl_coef"}
+        return {}
+
+    def check_length(self, logs: dict[str, Any]) -> dict[str, str]:
+        s = self.settings
+        found = {}
+        mean = logs.get("completions/mean_length")
+        if isinstance(mean, (int, float)):
+            count = self.streak("collapsed", mean <= s.min_length)
+            if count >= s.length_steps:
+                found["length_collapsed"] = (f"completions/mean_length has been {mean:.3g} tokens for {count} logging "
+                                             f"steps: the policy answers with (almost) nothing; check for a reward "
+                                             f"that favours short output (length penalty) and lower its weight")
+        clipped = logs.get("completions/clipped_ratio")
+        if isinstance(clipped, (int, float)):
+            count = self.streak("pinned", clipped >= s.pinned_ratio)
+            if count >= s.length_steps:
+                found["length_pinned"] = (f"{clipped:.0%} of completions hit max_completion_length for {count} logging "
+                                          f"steps: the policy never stops; raise max_completion_length, or add an "
+                                          f"overlong_penalty / format reward")
+        return found

@@ -1,0 +1,117 @@
+"""Alarms on synthetic metric streams: each fires on its failure, stays quiet on a healthy run, and shows up in
+the dashboard, the plain log and alarms.jsonl."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import random
+
+import pytest
+from rich.console import Console
+
+from kitcli.alarms import AlarmMonitor
+from kitcli.progress import StageDashboard
+
+
+def healthy_grpo(steps: int = 40, seed: int = 0):
+    """Reward rising with noise, some zero-std groups, small KL, lengths that move, loss near zero."""
+    rng = random.Random(seed)
+    for step in range(1, steps + 1):
+        reward = min(1.0, 0.2 + 0.015 * step + rng.uniform(-0.05, 0.05))
+        yield step, {"loss": rng.uniform(-0.05, 0.05), "grad_norm": rng.uniform(0.1, 2.0), "reward": reward,
+                     "reward_std": rng.uniform(0.1, 0.4), "frac_reward_zero_std": (0.0, 0.5, 1.0, 0.25)[step % 4],
+                     "kl": 0.001 * step + rng.uniform(0, 0.002), "completions/mean_length": rng.uniform(3, 12),
+                     "completions/clipped_ratio": rng.uniform(0.0, 0.3), "entropy": rng.uniform(0.5, 1.5)}
+
+
+def raised(stream, stage_type="grpo"):
+    monitor = AlarmMonitor(stage_type)
+    codes = []
+    for step, logs in stream:
+        codes += [(a.code, a.step) for a in monitor.update(step, logs)]
+    return codes, monitor
+
+
+def with_changes(change, start: int, steps: int = 40):
+    """The healthy stream with `change(step, logs)` applied from `start` on."""
+    for step, logs in healthy_grpo(steps):
+        if step >= start:
+            change(step, logs)
+        yield step, logs
+
+
+def test_quiet_on_healthy_streams():
+    for seed in range(5):
+        assert raised(healthy_grpo(60, seed))[0] == []
+    sft = ((s, {"loss": 3.0 * 0.97 ** s + 0.01 * math.sin(s), "grad_norm": 1.0, "mean_token_accuracy": 0.5})
+           for s in range(1, 80))
+    assert raised(sft, "sft")[0] == []
+    dpo = ((s, {"loss": 0.69 - 0.005 * s, "rewards/margins": 0.01 * s, "rewards/accuracies": 0.5}) for s in range(1, 60))
+    assert raised(dpo, "dpo")[0] == []
+    # eval logs and the final summary are not training steps
+    assert raised([(10, {"eval_loss": float("nan")}), (10, {"train_runtime": 3.0, "train_loss": 1e9})], "sft")[0] == []
+
+
+def set_(key, value):
+    return lambda step, logs: logs.__setitem__(key, value(step) if callable(value) else value)
+
+
+@pytest.mark.parametrize("code, change, start", [
+    ("reward_constant", set_("reward", 0.0), 20),
+    ("zero_std_groups", set_("frac_reward_zero_std", 1.0), 20),
+    ("kl_growing", set_("kl", lambda step: 0.05 * 2 ** (step - 19)), 20),
+    ("length_collapsed", set_("completions/mean_length", 1.0), 20),
+    ("length_pinned", set_("completions/clipped_ratio", 1.0), 20),
+    ("loss_nan", set_("loss", float("nan")), 20),
+    ("loss_nan", set_("grad_norm", float("inf")), 20),
+    ("loss_exploding", set_("loss", lambda step: 10.0 * 2 ** (step - 18)), 20),
+])
+def test_each_alarm_fires_once_on_its_failure(code, change, start):
+    codes, monitor = raised(with_changes(change, start))
+    assert [c for c, _ in codes] == [code], codes  # only this alarm, raised once while the condition holds
+    assert codes[0][1] >= start
+    assert code in monitor.active
+
+
+def test_alarm_clears_and_fires_again():
+    def broken(step, logs):
+        if 10 <= step < 15 or step >= 30:
+            logs["frac_reward_zero_std"] = 1.0
+        else:
+            logs["frac_reward_zero_std"] = 0.0
+
+    codes, monitor = raised(with_changes(broken, 1))
+    assert codes == [("zero_std_groups", 12), ("zero_std_groups", 32)]
+
+
+def test_ppo_names_are_checked():
+    stream = [(s, {"objective/scores": 0.5, "objective/kl": 0.01, "loss/policy": 0.1}) for s in range(1, 12)]
+    assert [c for c, _ in raised(stream, "ppo")[0]] == ["reward_constant"]
+
+
+def test_alarm_in_plain_log_dashboard_and_file(tmp_path):
+    out = io.StringIO()
+    board = StageDashboard("grpo", tmp_path / "metrics.jsonl", Console(file=out, force_terminal=False, width=200),
+                           stage_type="grpo", index=2, total=3, mode="auto")
+    board.begin(8)
+    for step in range(1, 9):
+        board.log(step, {"reward": 0.5, "frac_reward_zero_std": 1.0, "kl": 0.0})
+    board.end(8)
+    lines = out.getvalue().splitlines()
+    alarms = [line for line in lines if "ALARM" in line]
+    assert len(alarms) == 1 and alarms[0].startswith("[grpo] ALARM step 3 zero_std_groups: every group had zero")
+    assert len(lines) == 8 + 1  # one line per logging step, plus the alarm
+    saved = [json.loads(line) for line in (tmp_path / "alarms.jsonl").read_text().splitlines()]
+    assert [(a["code"], a["step"], a["stage"]) for a in saved] == [("zero_std_groups", 3, "grpo")]
+
+    recorded = Console(file=io.StringIO(), force_terminal=True, width=140, record=True)
+    live = StageDashboard("grpo", tmp_path / "live.jsonl", recorded, stage_type="grpo", index=2, total=3, mode="auto")
+    live.begin(8)
+    for step in range(1, 9):
+        live.log(step, {"reward": 0.5, "frac_reward_zero_std": 1.0})
+    live.end(8)
+    text = recorded.export_text()
+    assert "alarm [grpo] step 3 zero_std_groups" in text  # printed above the panel, stays in the scrollback
+    assert "! zero_std_groups (step 3)" in text  # and listed in the panel while active

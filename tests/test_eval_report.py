@@ -1,0 +1,125 @@
+"""Evaluation and the run report: eval stages with rewards before and after SFT, the before/after table,
+`kit eval` on a run's stage and on the tiny model (pass@k), `kit report`'s files and the data in its plots."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from helpers import DATA, done, metrics, run_cli, write_recipe
+from kitcli.stages.eval import ks_for, pass_at_k
+
+EVAL_DATA = {"path": str(DATA / "arithmetic_eval.jsonl"), "limit": 12}
+GREEDY = {"max_new_tokens": 4, "batch_size": 12, "temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, tiny_model_dir):
+    root = tmp_path_factory.mktemp("evalrun")
+    stages = [
+        {"name": "eval-before", "type": "eval", "data": EVAL_DATA, "generation": GREEDY,
+         "rewards": ["exact_match", {"name": "format", "args": {"tags": ["answer"]}, "weight": 0.5}]},
+        {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),
+         "train": {"max_steps": 6, "learning_rate": 2e-3, "per_device_train_batch_size": 8, "logging_steps": 2,
+                   "save_steps": 100}},
+        {"name": "eval-after", "type": "eval", "init": "sft", "data": EVAL_DATA, "generation": GREEDY,
+         "rewards": ["exact_match", {"name": "format", "args": {"tags": ["answer"]}, "weight": 0.5}]},
+    ]
+    recipe = write_recipe(root / "recipe.yaml", stages, name="evalrun")
+    result = run_cli("run", recipe, "--output", root / "run")
+    return root / "run", result.output
+
+
+def test_pass_at_k():
+    assert pass_at_k(4, 0, 1) == 0.0 and pass_at_k(4, 4, 2) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25) and pass_at_k(4, 1, 2) == pytest.approx(0.5)
+    assert pass_at_k(8, 2, 4) == pytest.approx(1 - 15 / 70)
+    assert ks_for(8) == [1, 2, 4, 8] and ks_for(6) == [1, 2, 4, 6] and ks_for(1) == [1]
+
+
+def test_eval_stages_score_rewards_and_print_before_after(run_dir):
+    run, output = run_dir
+    before, after = done(run / "eval-before"), done(run / "eval-after")
+    for summary in (before, after):
+        assert summary["n"] == 12 and summary["samples_per_prompt"] == 1
+        assert summary["rewards/exact_match"] == pytest.approx(summary["exact_match"])
+        assert summary["reward"] == pytest.approx(summary["rewards/exact_match"] + 0.5 * summary["rewards/format_answer"])
+    samples = [json.loads(line) for line in (run / "eval-after" / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 12 and set(samples[0]) >= {"prompt", "completion", "answer", "correct", "rewards", "reward"}
+    assert "before and after training" in output
+    change = after["exact_match"] - before["exact_match"]
+    cells = [f"{before['exact_match']:.3f}", f"{after['exact_match']:.3f}", f"{change:+.3f}"]
+    assert re.search(r"│ exact match +│" + "│".join(rf" +{re.escape(c)} " for c in cells) + "│", output)
+    assert re.search(r"┃ score +┃ eval-before \(base\) ┃ eval-after \(sft\) ┃ change ┃", output)
+    assert f"report: {run / 'report.md'}" in output
+
+
+def test_report_files_and_plotted_data(run_dir):
+    run, _ = run_dir
+    report = (run / "report.md").read_text()
+    for png in ("sft.png", "eval.png"):
+        data = (run / "plots" / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+        assert f"(plots/{png})" in report
+    assert "## Evaluation (held-out)" in report and "| score | eval-before (base) | eval-after (sft) | change |" in report
+    assert f"| exact match | {done(run / 'eval-before')['exact_match']:.3f} | {done(run / 'eval-after')['exact_match']:.3f} |" \
+        in report
+    assert "## Stage 2: sft (sft)" in report
+
+    from kitcli.report import load_run, stage_figure
+
+    logged = metrics(run / "sft")
+    figure = stage_figure("sft", "sft", logged)
+    loss_axis = next(ax for ax in figure.axes if ax.get_title() == "loss")
+    assert loss_axis.get_xlabel() == "step" and loss_axis.get_ylabel() == "loss"
+    line = loss_axis.lines[0]
+    assert list(line.get_xdata()) == [r["step"] for r in logged if "loss" in r] == [2, 4, 6]
+    assert list(line.get_ydata()) == pytest.approx([r["loss"] for r in logged if "loss" in r])
+    assert figure._suptitle.get_text() == "sft"
+
+    (run / "report.md").unlink()
+    result = run_cli("report", run)
+    assert result.output.strip() == f"report: {run / 'report.md'}" and (run / "report.md").exists()
+    assert [s.status for s in load_run(run).stages] == ["done", "done", "done"]
+
+
+def test_kit_eval_on_a_stage_and_a_model(run_dir, tmp_path):
+    run, _ = run_dir
+    result = run_cli("eval", run / "sft", "--data", DATA / "arithmetic_eval.jsonl", "--limit", 6, "--reward",
+                     "exact_match", "--n", 4, "--temperature", 0.8, "--max-new-tokens", 4, "--json",
+                     "--output", tmp_path / "out")
+    summary = json.loads(result.stdout)
+    assert summary["model"] == f"{run.name}/sft" and summary["n"] == 6 and summary["samples_per_prompt"] == 4
+    assert set(summary) >= {"exact_match", "pass@1", "pass@2", "pass@4", "rewards/exact_match", "reward"}
+    assert summary["pass@1"] == pytest.approx(summary["exact_match"])
+    assert summary["pass@1"] <= summary["pass@2"] <= summary["pass@4"]
+    assert len((tmp_path / "out" / "samples.jsonl").read_text().splitlines()) == 24
+    assert json.loads((tmp_path / "out" / "eval.json").read_text())["pass@4"] == summary["pass@4"]
+
+    # the run directory means its last training stage; greedy scores match the eval-after stage on the same rows
+    same = json.loads(run_cli("eval", run, "--data", DATA / "arithmetic_eval.jsonl", "--limit", 12,
+                              "--max-new-tokens", 4, "--json").stdout)
+    assert same["model"] == f"{run.name}/sft"
+    assert same["exact_match"] == pytest.approx(done(run / "eval-after")["exact_match"])
+
+    base = run_cli("eval", "tiny", "--data", DATA / "arithmetic_eval.jsonl", "--limit", 4, "--max-new-tokens", 4)
+    assert "exact match" in base.output and "tiny on arithmetic_eval.jsonl" in base.output
+
+
+def test_kit_eval_and_report_errors(run_dir, tmp_path):
+    run, _ = run_dir
+    wrong = run_cli("eval", run / "eval-after", "--data", DATA / "arithmetic_eval.jsonl", expect=2)
+    assert "an eval stage saves no model" in wrong.output and "(sft)" in wrong.output
+    greedy = run_cli("eval", "tiny", "--data", DATA / "arithmetic_eval.jsonl", "--n", 4, "--temperature", 0,
+                     expect=2)
+    assert "temperature is 0" in greedy.output
+    unscored = tmp_path / "prompts.jsonl"
+    unscored.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    nothing = run_cli("eval", "tiny", "--data", unscored, expect=2)
+    assert "nothing to score" in nothing.output
+    unknown = run_cli("eval", "tiny", "--data", DATA / "arithmetic_eval.jsonl", "--reward", "exact_mach", expect=2)
+    assert "Did you mean 'exact_match'" in unknown.output
+    empty = run_cli("report", tmp_path, expect=2)
+    assert "not a kit run directory" in empty.output
