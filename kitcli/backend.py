@@ -305,3 +305,56 @@ def save_model(model, tokenizer, stage_dir: Path) -> Path:
         staging.rename(final)
     launch.barrier()
     return final
+
+
+# --- reward models for PPO: on the policy's base, or beside it ---------------------------------------------------
+
+def attach_reward_adapter(model, adapter_dir: Path, name: str = "reward"):
+    """Put a reward stage's seq-cls adapter on a PeftModel's base as the frozen adapter `name`, and return its
+    score head (a Linear on the last token's hidden state). The decoder's LoRA weights have the same names in a
+    causal LM and its sequence-classification twin, so one base serves both."""
+    import torch
+    from peft import LoraConfig, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    config = LoraConfig.from_pretrained(str(adapter_dir))
+    config.modules_to_save = None  # the score head lives outside the causal LM; built below
+    config.task_type = "CAUSAL_LM"
+    config.inference_mode = True
+    state = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    heads = ("score", "classifier")  # the seq-cls heads PEFT saves as modules_to_save
+    head_state = {k.rsplit(".", 1)[1]: v for k, v in state.items() if k.rsplit(".", 2)[-2] in heads}
+    lora_state = {k: v for k, v in state.items() if k.rsplit(".", 2)[-2] not in heads}
+    if "weight" not in head_state or head_state["weight"].shape[0] != 1:
+        raise KitError(f"reward adapter '{adapter_dir}' has no score head with one output; re-run the reward stage")
+    model.add_adapter(name, config)
+    result = set_peft_model_state_dict(model, lora_state, adapter_name=name)
+    if list(getattr(result, "unexpected_keys", []) or []):
+        raise KitError(f"reward adapter '{adapter_dir}' does not fit the policy's base (unexpected weights such as "
+                       f"{result.unexpected_keys[0]}); was it trained on a different base model?")
+    weight = head_state["weight"]
+    head = torch.nn.Linear(weight.shape[1], 1, bias="bias" in head_state, dtype=weight.dtype)
+    head.load_state_dict(head_state)
+    head.requires_grad_(False)
+    return head.to(model.device)
+
+
+def load_seq_cls_scorer(path: Path, *, dtype: str = "auto", log=print):
+    """A saved AutoModelForSequenceClassification (e.g. a reward stage's `merged/`) for scoring only: frozen, eval
+    mode, on the GPU when there is one. Returns (model, tokenizer)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    on_gpu = cuda_available()
+    model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch_dtype(dtype, on_gpu),
+                                                               local_files_only=True)
+    if model.config.num_labels != 1:
+        raise KitError(f"reward model '{path}' has {model.config.num_labels} outputs; a reward model has one")
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.config.pad_token_id = tokenizer.pad_token_id
+    if on_gpu:
+        model = model.to("cuda")
+    model.eval().requires_grad_(False)
+    log(f"reward model: {path} ({type(model).__name__}, loaded separately)")
+    return model, tokenizer

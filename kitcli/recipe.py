@@ -35,7 +35,7 @@ STAGE_KEYS = {
     "dpo": {"data", "train"},
     "grpo": {"data", "train", "variant", "rewards", "reward_model", "system_prompt"},
     "gspo": {"data", "train", "rewards", "reward_model", "allow_on_policy", "system_prompt"},
-    "ppo": {"data", "train", "rewards", "reward_model"},
+    "ppo": {"data", "train", "rewards", "reward_model", "eval_data"},
     "eval": {"data", "generation", "rewards"},
 }
 COMMON_STAGE_KEYS = {"name", "type", "init"}
