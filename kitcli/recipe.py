@@ -31,8 +31,8 @@ STAGE_MODULES = {
 # Keys each stage type accepts on top of COMMON_STAGE_KEYS.
 STAGE_KEYS = {
     "sft": {"data", "train"},
-    "reward": {"data", "train", "eval_data"},
-    "dpo": {"data", "train"},
+    "reward": {"data", "train", "eval_data", "eval_fraction"},
+    "dpo": {"data", "train", "eval_data", "eval_fraction"},
     "grpo": {"data", "train", "variant", "rewards", "reward_model", "system_prompt"},
     "gspo": {"data", "train", "rewards", "reward_model", "allow_on_policy", "system_prompt"},
     "ppo": {"data", "train", "rewards", "reward_model", "eval_data"},

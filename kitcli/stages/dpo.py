@@ -1,0 +1,173 @@
+"""DPO stage: TRL's DPOTrainer on preference pairs, against a frozen reference that is the stage's starting policy.
+
+    kit run tiny-dpo            (eval -> sft -> eval -> dpo -> eval on the embedded tiny model)
+
+Loss (`loss_type: sigmoid`, `beta` 0.1 unless `train: {beta: ...}`), per pair, with sequence log-probabilities
+summed over the completion tokens:
+    -log sigmoid(beta * ((log pi(y_w|x) - log ref(y_w|x)) - (log pi(y_l|x) - log ref(y_l|x))))
+
+The reference. With `init: sft` the reference must be the SFT model, not the raw base. The policy is loaded as the
+base plus one LoRA adapter ("default") holding exactly the weights the init stage saved. TRL 1.15's DPOTrainer,
+given a PeftModel and no `ref_model`, copies that adapter into a second, frozen adapter named "ref" and computes
+the reference log-probs with "ref" active (`use_adapter(model, "ref")`; it disables the adapters, i.e. uses the
+base, only when no "ref" adapter exists). So the reference is the starting policy at no extra memory beyond one
+adapter. TRL 1.15 has no `model_adapter_name` / `ref_adapter_name` options; `build_trainer` checks after the
+trainer is built that "ref" exists, is frozen and equals the starting adapter (and adds it the same way if a
+patched trainer skipped it), so a wrong reference cannot pass silently. Without `init`, the fresh adapter is zero
+(LoRA B = 0), so "ref" is the base model, as it should be. With full fine-tuning (`lora: false`), TRL loads a
+separate frozen copy of the starting model as `ref_model`. The "ref" adapter is removed before saving, so
+`adapter/` holds only the trained policy.
+
+Data: `chosen` / `rejected` with an optional `prompt` (standard or conversational; without `prompt`, TRL extracts
+the shared prefix of chosen and rejected). An eval split (`eval_data`, or `eval_fraction`, default 0.1, of the
+rows) logs eval rewards/accuracies and margins. TRL's metrics go to metrics.jsonl: rewards/chosen,
+rewards/rejected, rewards/accuracies, rewards/margins, logps/*, logits/*.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kitcli.backend import cuda_available, is_peft_model, load_policy, save_model
+from kitcli.data import to_dataset
+from kitcli.errors import KitError
+from kitcli.progress import attach_progress, read_metrics, truncate_metrics
+from kitcli.runner import StageContext, last_checkpoint
+from kitcli.stages.reward import check_init, describe_data, final_evaluation, has_eval, train_eval_rows
+from kitcli.trl_config import build_config, config_dict, explicit_values
+
+# Stage types that save a policy (a causal LM) DPO can start from; a reward stage saves a scorer, not a policy.
+INIT_TYPES = ("sft", "dpo", "grpo", "gspo", "ppo")
+REFERENCE_ADAPTER = "ref"  # the name TRL 1.15's DPOTrainer gives the frozen copy of the starting adapter
+TRACKED = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins")
+
+
+def stage_defaults(ctx: StageContext) -> dict[str, Any]:
+    evaluating = has_eval(ctx)
+    return {
+        "learning_rate": 5e-6,
+        "beta": 0.1,
+        "loss_type": ["sigmoid"],
+        "loss_weights": None,
+        "label_smoothing": 0.0,
+        "f_divergence_type": "reverse_kl",
+        "ld_alpha": None,
+        "use_weighting": False,
+        "max_length": ctx.model["max_seq_length"],
+        "truncation_mode": "keep_start",
+        "padding_free": False,
+        "precompute_ref_log_probs": False,
+        "sync_ref_model": False,
+        "disable_dropout": True,
+        "gradient_checkpointing": cuda_available(),
+        "pad_to_multiple_of": None,
+        "eval_strategy": "steps" if evaluating else "no",
+        "eval_steps": 25,
+        "per_device_eval_batch_size": 16,
+    }
+
+
+def make_config(ctx: StageContext):
+    from trl import DPOConfig
+
+    config = build_config(DPOConfig, stage_defaults=stage_defaults(ctx), train=ctx.stage.get("train", {}),
+                          where=ctx.where, output_dir=ctx.stage_dir / "checkpoints", seed=ctx.seed,
+                          on_gpu=cuda_available())
+    if config.sync_ref_model and ctx.recipe.data["lora"] is not None:
+        raise KitError(f"{ctx.where}: train.sync_ref_model does not work with LoRA (the reference is a frozen "
+                       f"adapter, not a model to sync); remove it, or use lora: false")
+    return config
+
+
+def describe(ctx: StageContext) -> dict[str, Any]:
+    from kitcli.backend import choose_backend, prepare_backend
+
+    check_init(ctx, INIT_TYPES, "DPO trains a policy (a causal LM) and a reward stage saves a scorer")
+    prepare_backend(choose_backend(ctx.model["backend"]))
+    config = make_config(ctx)
+    return {"init": ctx.stage.get("init") or "base model",
+            "reference": f"frozen copy of the starting policy ({ctx.stage.get('init') or 'base model'})",
+            **describe_data(ctx),
+            "DPOConfig": explicit_values(config, stage_defaults(ctx), ctx.stage.get("train", {}))}
+
+
+def ensure_reference_adapter(model) -> str:
+    """Check that the trainer's reference is the starting policy: a frozen "ref" adapter equal to "default"."""
+    import torch
+
+    if not is_peft_model(model):
+        return "frozen copy of the starting model (ref_model)"
+    if REFERENCE_ADAPTER not in model.peft_config:  # what TRL 1.15 does in DPOTrainer.__init__, if it was skipped
+        model.add_adapter(REFERENCE_ADAPTER, model.peft_config["default"])
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if ".default." in name:
+                    model.get_parameter(name.replace(".default.", f".{REFERENCE_ADAPTER}.")).copy_(param)
+        model.set_adapter("default")
+    parameters = dict(model.named_parameters())
+    pairs = [(name, name.replace(".default.", f".{REFERENCE_ADAPTER}.")) for name in parameters if ".default." in name]
+    for policy_name, ref_name in pairs:
+        policy, ref = parameters[policy_name], parameters.get(ref_name)
+        # TRL casts the trainable adapter of a 4-bit model to bf16 after copying it, so allow bf16 rounding
+        if ref is None or ref.requires_grad or not torch.allclose(ref.detach().float(), policy.detach().float(),
+                                                                  rtol=1e-2, atol=1e-6):
+            raise KitError(f"the DPO reference adapter does not match the starting policy at {policy_name}; "
+                           f"this TRL/Unsloth version builds the reference differently than kit expects")
+    return f"frozen '{REFERENCE_ADAPTER}' adapter: a copy of the starting adapter ({len(pairs)} tensors)"
+
+
+def build_trainer(ctx: StageContext):
+    """The DPOTrainer this stage trains with, its loaded policy, and how the reference was made."""
+    check_init(ctx, INIT_TYPES, "DPO trains a policy (a causal LM) and a reward stage saves a scorer")
+    train_rows, eval_rows = train_eval_rows(ctx)
+    loaded = load_policy(
+        ctx.model["name"], max_seq_length=ctx.model["max_seq_length"], load_in_4bit=ctx.model["load_in_4bit"],
+        lora=ctx.recipe.data["lora"], backend=ctx.model["backend"], dtype=ctx.model["dtype"], seed=ctx.seed,
+        init_from=ctx.init_dir, trust_remote_code=ctx.model["trust_remote_code"], log=ctx.log,
+    )
+    from trl import DPOTrainer
+
+    config = make_config(ctx)
+    trainer = DPOTrainer(model=loaded.model, ref_model=None, args=config, train_dataset=to_dataset(train_rows),
+                         eval_dataset=to_dataset(eval_rows) if eval_rows else None,
+                         processing_class=loaded.tokenizer)
+    reference = ensure_reference_adapter(trainer.model)
+    ctx.log(f"{ctx.name}: reference = {reference}, from {ctx.stage.get('init') or 'the base model'}")
+    return trainer, loaded, reference
+
+
+def run(ctx: StageContext) -> dict[str, Any]:
+    trainer, loaded, reference = build_trainer(ctx)
+    (ctx.stage_dir / "config.json").write_text(json.dumps(config_dict(trainer.args), indent=2))
+    metrics_path = ctx.stage_dir / "metrics.jsonl"
+    attach_progress(trainer, ctx.name, metrics_path, ctx.console)
+    resume = last_checkpoint(ctx.stage_dir)
+    if resume is not None:
+        step = int(resume.name.split("-")[-1])
+        truncate_metrics(metrics_path, step)
+        ctx.log(f"resuming {ctx.name} from {resume.name} (step {step})")
+    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    evaluated = final_evaluation(trainer, metrics_path) if trainer.eval_dataset is not None else {}
+    if is_peft_model(loaded.model) and REFERENCE_ADAPTER in loaded.model.peft_config:
+        loaded.model.delete_adapter(REFERENCE_ADAPTER)  # adapter/ holds the trained policy only
+    save_model(loaded.model, loaded.tokenizer, ctx.stage_dir)
+
+    rows = [row for row in read_metrics(metrics_path) if "loss" in row and "rewards/margins" in row]
+    first, last = (rows[0], rows[-1]) if rows else ({}, {})
+    summary: dict[str, Any] = {
+        "steps": trainer.state.global_step, "resumed_from": resume.name if resume else None,
+        "reference": reference, "beta": trainer.args.beta, "backend": loaded.backend,
+        "first_loss": first.get("loss"), "last_loss": last.get("loss"),
+        "first": {k: first[k] for k in TRACKED if k in first}, "last": {k: last[k] for k in TRACKED if k in last},
+        "eval": {k.removeprefix("eval_"): v for k, v in evaluated.items()
+                 if k in ("eval_loss", *(f"eval_{t}" for t in TRACKED))},
+    }
+    if summary["eval"]:
+        e = summary["eval"]
+        summary["headline"] = (f"eval reward accuracy {e['rewards/accuracies']:.2f}, margin "
+                               f"{e['rewards/margins']:.2f}; loss {first.get('loss', 0):.3f} -> {last.get('loss', 0):.3f}")
+    elif rows:
+        summary["headline"] = (f"reward accuracy {first['rewards/accuracies']:.2f} -> {last['rewards/accuracies']:.2f}, "
+                               f"margin {first['rewards/margins']:.2f} -> {last['rewards/margins']:.2f}")
+    return summary

@@ -1,0 +1,96 @@
+"""The preference losses the kit trains with, checked against the reference formulas on a fixed small batch.
+
+Each test builds the trainer exactly as the stage does (`build_trainer`, after Unsloth's import in conftest), takes
+the loss TRL computes on a collated batch, and recomputes it here from log-probabilities / rewards obtained with
+plain forward passes, one unpadded sequence at a time:
+    DPO:           -log sigmoid(beta * ((pw - rw) - (pl - rl)))
+    Bradley-Terry: -log sigmoid(r_chosen - r_rejected)   (+ c * mean((r_chosen + r_rejected)^2) when centering)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+
+from helpers import DATA, TINY_MODEL, write_recipe
+
+BATCH = 6
+
+
+def stage_context(recipe_path: Path, stage_name: str, run_dir: Path):
+    from kitcli.recipe import load_recipe
+    from kitcli.runner import StageContext
+
+    recipe = load_recipe(str(recipe_path))
+    outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
+    return StageContext(recipe, recipe.stage(stage_name), run_dir, Console(quiet=True), outputs)
+
+
+def completion_logprob(model, prompt_ids: list[int], completion_ids: list[int]) -> torch.Tensor:
+    """log pi(completion | prompt): the sum of the completion tokens' log-probabilities, one unpadded sequence."""
+    ids = torch.tensor([prompt_ids + completion_ids])
+    logits = model(input_ids=ids).logits[0].float()
+    token_logps = torch.log_softmax(logits[:-1], dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
+    return token_logps[len(prompt_ids) - 1:].sum()
+
+
+def test_dpo_loss_is_the_reference_formula(in_tmp):
+    from kitcli.backend import load_policy
+    from kitcli.stages import dpo
+
+    beta = 0.3  # not the default, so the test sees that train.beta reaches the loss
+    stage = {"name": "dpo", "type": "dpo", "data": {"path": str(DATA / "arithmetic_prefs.jsonl"), "limit": 16},
+             "eval_fraction": 0, "train": {"beta": beta, "max_steps": 1}}
+    ctx = stage_context(write_recipe(in_tmp / "r.yaml", [stage]), "dpo", in_tmp / "run")
+    trainer, loaded, _ = dpo.build_trainer(ctx)
+    model = trainer.model
+    torch.manual_seed(0)
+    with torch.no_grad():  # move the policy away from the reference, as training would
+        for name, param in model.named_parameters():
+            if ".default." in name and "lora_B" in name:
+                param.add_(0.05 * torch.randn_like(param))
+    rows = [trainer.train_dataset[i] for i in range(BATCH)]
+    with torch.no_grad():
+        trl_loss = trainer.compute_loss(model, trainer.data_collator(rows)).item()
+
+    reference = load_policy("tiny", max_seq_length=TINY_MODEL["max_seq_length"], load_in_4bit=True, lora=None,
+                            dtype="float32", trainable=False, log=lambda _: None).model  # no init: the base
+    model.eval()
+    with torch.no_grad():
+        losses = []
+        for row in rows:
+            pw = completion_logprob(model, row["prompt_ids"], row["chosen_ids"])
+            pl = completion_logprob(model, row["prompt_ids"], row["rejected_ids"])
+            rw = completion_logprob(reference, row["prompt_ids"], row["chosen_ids"])
+            rl = completion_logprob(reference, row["prompt_ids"], row["rejected_ids"])
+            losses.append(-F.logsigmoid(beta * ((pw - rw) - (pl - rl))))
+    expected = torch.stack(losses).mean().item()
+    assert abs(expected - 0.6931) > 1e-3  # policy != reference, or the check would be vacuous
+    assert abs(trl_loss - expected) < 1e-4, (trl_loss, expected)
+
+
+def test_bradley_terry_loss_is_the_reference_formula(in_tmp):
+    from kitcli.stages import reward
+
+    prefs = {"path": str(DATA / "arithmetic_prefs.jsonl"), "limit": 16}
+    stages = [{"name": "rm", "type": "reward", "data": prefs, "eval_fraction": 0, "train": {"max_steps": 1}},
+              {"name": "rm-centered", "type": "reward", "data": prefs, "eval_fraction": 0,
+               "train": {"max_steps": 1, "center_rewards_coefficient": 0.01}}]
+    recipe = write_recipe(in_tmp / "r.yaml", stages)
+    for name, center in (("rm", 0.0), ("rm-centered", 0.01)):
+        trainer, loaded = reward.build_trainer(stage_context(recipe, name, in_tmp / "run"))
+        model = trainer.model
+        assert model.config.pad_token_id == loaded.tokenizer.pad_token_id == \
+            loaded.tokenizer.convert_tokens_to_ids("<|endoftext|>")
+        rows = [trainer.train_dataset[i] for i in range(BATCH)]
+        model.eval()
+        with torch.no_grad():
+            trl_loss = trainer.compute_loss(model, trainer.data_collator(rows)).item()
+            chosen = torch.stack([model(input_ids=torch.tensor([r["chosen_ids"]])).logits[0, 0] for r in rows])
+            rejected = torch.stack([model(input_ids=torch.tensor([r["rejected_ids"]])).logits[0, 0] for r in rows])
+        expected = (-F.logsigmoid(chosen - rejected)).mean() + center * ((chosen + rejected) ** 2).mean()
+        assert chosen.std() > 0 and not torch.allclose(chosen, rejected)
+        assert abs(trl_loss - expected.item()) < 1e-5, (name, trl_loss, expected.item())
