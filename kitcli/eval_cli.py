@@ -24,6 +24,7 @@ from kitcli.errors import KitError
 
 LOCK_NAME = "recipe.lock.yaml"
 MODEL_OUTPUTS = ("adapter", "model")
+NOT_POLICIES = ("eval", "reward")  # stage types whose output is not a policy to generate with
 
 
 def read_lock(run_dir: Path) -> dict[str, Any]:
@@ -46,7 +47,7 @@ def resolve_target(target: str) -> dict[str, Any]:
     path = Path(target).expanduser()
     if path.is_dir() and (path / LOCK_NAME).is_file():
         lock = read_lock(path)
-        stages = [s for s in lock.get("recipe", {}).get("stages", []) if s.get("type") != "eval"]
+        stages = [s for s in lock.get("recipe", {}).get("stages", []) if s.get("type") not in NOT_POLICIES]
         trained = [s["name"] for s in stages if has_model(path / s["name"])]
         if not trained:
             raise KitError(f"{path}: no stage of this run has saved a model yet (looked for <stage>/adapter or "
@@ -57,10 +58,14 @@ def resolve_target(target: str) -> dict[str, Any]:
     if path.is_dir() and (path.parent / LOCK_NAME).is_file():
         lock = read_lock(path.parent)
         stages = {s["name"]: s for s in lock.get("recipe", {}).get("stages", [])}
+        kind = stages.get(path.name, {}).get("type")
+        if kind == "reward":
+            raise KitError(f"{path}: a reward stage is a scorer, not a policy; evaluate a policy with it as a reward: "
+                           f"--reward '{{name: reward_model, args: {{path: {path / 'merged'}}}}}'")
         if not has_model(path):
-            kind = stages.get(path.name, {}).get("type")
             why = "an eval stage saves no model" if kind == "eval" else "it has no adapter/ or model/ (not finished?)"
-            trained = [n for n, s in stages.items() if s.get("type") != "eval" and has_model(path.parent / n)]
+            trained = [n for n, s in stages.items()
+                       if s.get("type") not in NOT_POLICIES and has_model(path.parent / n)]
             raise KitError(f"{path}: cannot evaluate this stage: {why}; give a training stage of the run"
                            f"{' (' + ', '.join(trained) + ')' if trained else ''}")
         return {"model": lock["recipe"]["model"], "init_dir": path, "label": f"{path.parent.name}/{path.name}",

@@ -428,7 +428,8 @@ class StageDashboard:
             if total is None and scores:
                 total = sum(v for v in scores.values() if v is not None and math.isfinite(v))
             detail = " ".join(f"{n} {format_value(v)}" for n, v in scores.items()) if len(scores) > 1 else ""
-            table.add_row(Text(f"{format_value(total) if total is not None else '-'}{f' ({detail})' if detail else ''}"),
+            shown = format_value(total) if total is not None else "-"
+            table.add_row(Text(f"{shown} ({detail})" if detail else shown),
                           Text(clip(sample.get("prompt", ""), 80)), Text(clip(sample.get("completion", ""), 120)))
         return table
 

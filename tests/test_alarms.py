@@ -48,7 +48,8 @@ def test_quiet_on_healthy_streams():
     sft = ((s, {"loss": 3.0 * 0.97 ** s + 0.01 * math.sin(s), "grad_norm": 1.0, "mean_token_accuracy": 0.5})
            for s in range(1, 80))
     assert raised(sft, "sft")[0] == []
-    dpo = ((s, {"loss": 0.69 - 0.005 * s, "rewards/margins": 0.01 * s, "rewards/accuracies": 0.5}) for s in range(1, 60))
+    dpo = ((s, {"loss": 0.69 - 0.005 * s, "rewards/margins": 0.01 * s, "rewards/accuracies": 0.5})
+           for s in range(1, 60))
     assert raised(dpo, "dpo")[0] == []
     # eval logs and the final summary are not training steps
     assert raised([(10, {"eval_loss": float("nan")}), (10, {"train_runtime": 3.0, "train_loss": 1e9})], "sft")[0] == []

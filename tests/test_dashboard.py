@@ -165,3 +165,22 @@ def test_kit_run_json_and_quiet(in_tmp, tiny_model_dir):
 
     both = run_cli("run", recipe, "--quiet", "--json", expect=2)
     assert "--quiet and --json exclude each other" in both.output
+
+
+def test_grpo_stage_shows_rewards_and_keeps_recent_completions(in_tmp, tiny_model_dir):
+    stage = {"name": "grpo", "type": "grpo", "data": {"path": str(DATA / "arithmetic_prompts.jsonl"), "limit": 16},
+             "rewards": ["exact_match"],
+             "train": {"max_steps": 2, "per_device_train_batch_size": 4, "num_generations": 4,
+                       "max_completion_length": 4, "learning_rate": 1e-4, "logging_steps": 1, "save_steps": 100}}
+    result = run_cli("run", write_recipe(in_tmp / "grpo.yaml", [stage]), "--output", in_tmp / "run")
+    lines = [line for line in result.output.splitlines() if line.startswith("[grpo] step")]
+    assert len(lines) == 2 and "\x1b" not in result.output
+    for label in ("reward", "exact_match", "reward_std", "zero_std_frac", "kl", "length", "entropy"):
+        assert f"  {label} " in lines[-1], (label, lines[-1])
+    saved = [json.loads(line) for line in (in_tmp / "run" / "grpo" / "completions.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in saved] == [1, 1, 1, 2, 2, 2]
+    assert all(set(s) >= {"prompt", "completion", "rewards", "reward"} and "exact_match" in s["rewards"]
+               for s in saved)
+    assert "How many" in saved[0]["prompt"]
+    report = (in_tmp / "run" / "report.md").read_text()
+    assert "Recent completions (step 2):" in report and (in_tmp / "run" / "plots" / "grpo.png").exists()

@@ -45,7 +45,8 @@ def test_eval_stages_score_rewards_and_print_before_after(run_dir):
     for summary in (before, after):
         assert summary["n"] == 12 and summary["samples_per_prompt"] == 1
         assert summary["rewards/exact_match"] == pytest.approx(summary["exact_match"])
-        assert summary["reward"] == pytest.approx(summary["rewards/exact_match"] + 0.5 * summary["rewards/format_answer"])
+        weighted = summary["rewards/exact_match"] + 0.5 * summary["rewards/format_answer"]
+        assert summary["reward"] == pytest.approx(weighted)
     samples = [json.loads(line) for line in (run / "eval-after" / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 12 and set(samples[0]) >= {"prompt", "completion", "answer", "correct", "rewards", "reward"}
     assert "before and after training" in output
@@ -63,9 +64,10 @@ def test_report_files_and_plotted_data(run_dir):
         data = (run / "plots" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
         assert f"(plots/{png})" in report
-    assert "## Evaluation (held-out)" in report and "| score | eval-before (base) | eval-after (sft) | change |" in report
-    assert f"| exact match | {done(run / 'eval-before')['exact_match']:.3f} | {done(run / 'eval-after')['exact_match']:.3f} |" \
-        in report
+    assert "## Evaluation (held-out)" in report
+    assert "| score | eval-before (base) | eval-after (sft) | change |" in report
+    before, after = done(run / "eval-before")["exact_match"], done(run / "eval-after")["exact_match"]
+    assert f"| exact match | {before:.3f} | {after:.3f} | {after - before:+.3f} |" in report
     assert "## Stage 2: sft (sft)" in report
 
     from kitcli.report import load_run, stage_figure
@@ -123,3 +125,14 @@ def test_kit_eval_and_report_errors(run_dir, tmp_path):
     assert "Did you mean 'exact_match'" in unknown.output
     empty = run_cli("report", tmp_path, expect=2)
     assert "not a kit run directory" in empty.output
+
+    import yaml
+
+    fake = tmp_path / "rlhf"
+    (fake / "rm" / "adapter").mkdir(parents=True)
+    (fake / "recipe.lock.yaml").write_text(yaml.safe_dump(
+        {"recipe": {"model": {"name": "tiny"}, "stages": [{"name": "rm", "type": "reward"}]}}))
+    scorer = run_cli("eval", fake / "rm", "--data", DATA / "arithmetic_eval.jsonl", expect=2)
+    assert "a reward stage is a scorer, not a policy" in scorer.output
+    untrained = run_cli("eval", fake, "--data", DATA / "arithmetic_eval.jsonl", expect=2)
+    assert "no stage of this run has saved a model yet" in untrained.output
