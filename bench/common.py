@@ -1,0 +1,48 @@
+"""Shared by the benchmark scripts: timing a command in a subprocess (wall time and peak RSS), results to JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+KIT = [sys.executable, "-m", "kitcli"]
+
+
+def machine() -> dict:
+    return {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform(terse=True)}
+
+
+def timed(command: list[str], env: dict | None = None, cwd: Path | None = None) -> dict:
+    """Run `command`; return wall seconds, the child's peak RSS (MiB) and its exit code."""
+    started = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env or os.environ.copy(),
+                               cwd=cwd)
+    output = process.stdout.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    seconds = time.perf_counter() - started
+    if process.returncode != 0:
+        raise SystemExit(f"benchmark command failed ({process.returncode}): {' '.join(command)}\n"
+                         f"{output.decode(errors='replace')[-3000:]}")
+    return {"seconds": seconds, "peak_rss_mib": usage.ru_maxrss / 1024, "output": output.decode(errors="replace")}
+
+
+def save(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"machine": machine(), "when": time.strftime("%Y-%m-%d %H:%M:%S"), **payload},
+                               indent=2))
+    return path
+
+
+def resource_children_maxrss() -> float:
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
