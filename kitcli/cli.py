@@ -9,7 +9,7 @@ import sys
 import click
 
 from kitcli import __version__
-from kitcli.errors import KitError
+from kitcli.errors import KitError, KitGroup
 from kitcli.eval_cli import eval_command, report_command
 from kitcli.chat import chat_command, generate_command
 from kitcli.doctor import doctor_command
@@ -36,7 +36,7 @@ def output_options(command):
                         help="No progress or tables; only alarms (stderr) and the run directory at the end.")(command)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=KitGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="kit")
 def main() -> None:
     """kit: one-command LoRA post-training recipes (SFT, reward model, DPO, GRPO, GSPO) on one GPU."""
