@@ -43,7 +43,9 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("recipe")
+@click.argument("recipe", required=False)
+@click.option("--from-lock", "from_lock", metavar="LOCK",
+              help="Re-run exactly what a run recorded: RUN_DIR/recipe.lock.yaml (same as passing it as RECIPE).")
 @click.option("--output", "-o", help="Run directory (default: runs/<name>-<timestamp>, or the newest run of the "
                                       "same recipe, which is then resumed).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
@@ -51,12 +53,17 @@ def main() -> None:
 @click.option("--force", is_flag=True, help="Redo every stage, even finished ones.")
 @output_options
 @launcher_options
-def run(recipe: str, output: str | None, overrides: tuple[str, ...], dry_run: bool, force: bool, quiet: bool,
-        as_json: bool, launcher: str | None, num_processes: int | None, deepspeed: str | None, fsdp: bool,
-        cpu: bool) -> None:
-    """Run a recipe: a shipped name (see `kit recipes list`) or a YAML file."""
+def run(recipe: str | None, from_lock: str | None, output: str | None, overrides: tuple[str, ...], dry_run: bool,
+        force: bool, quiet: bool, as_json: bool, launcher: str | None, num_processes: int | None,
+        deepspeed: str | None, fsdp: bool, cpu: bool) -> None:
+    """Run a recipe: a shipped name (see `kit recipes list`), a YAML file, or a run's recipe.lock.yaml."""
     from kitcli.launch import LaunchFailed, run_with_launcher
     from kitcli.recipe import load_recipe
+
+    if (recipe is None) == (from_lock is None):
+        raise KitError("give a recipe (a shipped name or a YAML file) or --from-lock RUN_DIR/recipe.lock.yaml, "
+                       "not both or neither")
+    recipe = recipe or from_lock
 
     loaded = load_recipe(recipe, list(overrides))
     if not dry_run:

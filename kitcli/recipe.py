@@ -147,8 +147,34 @@ def load_recipe(name_or_path: str, overrides: list[str] = ()) -> Recipe:
     raw = read_yaml(path)
     if not isinstance(raw, dict):
         raise KitError(f"{path}: a recipe must be a YAML mapping with 'name', 'model' and 'stages'")
+    if is_lock(raw):
+        if not isinstance(raw["recipe"], dict):
+            raise KitError(f"{path}: the lock file's 'recipe' is not a mapping; the file is damaged")
+        warn_version_drift(raw.get("versions") or {}, path)
+        raw = raw["recipe"]  # the resolved recipe a run recorded: paths are absolute already
     raw = apply_overrides(raw, overrides, str(path))
     return validate_recipe(raw, str(path), path.resolve().parent)
+
+
+def is_lock(raw: dict) -> bool:
+    """A run's recipe.lock.yaml (resolved recipe + versions), which `kit run` accepts like a recipe."""
+    return "recipe" in raw and "versions" in raw
+
+
+def warn_version_drift(locked: dict[str, str], path: Path) -> None:
+    import sys
+    from importlib import metadata
+
+    for name, version in locked.items():
+        if name in ("kit", "python"):
+            continue
+        try:
+            here = metadata.version(name.replace("_", "-"))
+        except metadata.PackageNotFoundError:
+            here = "not installed"
+        if str(here) != str(version):
+            print(f"kit: warning: {path} was recorded with {name} {version}; this environment has {here}",
+                  file=sys.stderr)
 
 
 def apply_overrides(raw: dict, overrides: list[str], source: str) -> dict:

@@ -22,3 +22,18 @@ def test_two_runs_log_identical_metrics(in_tmp, tiny_model_dir):
     third = in_tmp / "c"
     run_cli("run", recipe, "--output", third, "--set", "seed=124")
     assert comparable(metrics(third / "sft")) != first  # the seed matters, so the equality above means something
+
+
+def test_from_lock_reruns_the_recorded_recipe(in_tmp, tiny_model_dir):
+    stage = {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),
+             "train": {"max_steps": 4, "logging_steps": 2, "per_device_train_batch_size": 8}}
+    recipe = write_recipe(in_tmp / "r.yaml", [stage], seed=5)
+    run_cli("run", recipe, "--output", in_tmp / "a", "--set", "stages.sft.train.learning_rate=3e-3")
+    lock = in_tmp / "a" / "recipe.lock.yaml"
+    recipe.unlink()  # the lock alone is enough
+    run_cli("run", "--from-lock", lock, "--output", in_tmp / "b")
+    assert comparable(metrics(in_tmp / "b" / "sft")) == comparable(metrics(in_tmp / "a" / "sft"))
+    dry = run_cli("run", lock, "--dry-run")
+    assert "learning_rate: 0.003" in dry.output
+    both = run_cli("run", lock, "--from-lock", lock, expect=2)
+    assert "not both or neither" in both.output
