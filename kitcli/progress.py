@@ -498,9 +498,13 @@ def make_progress_callback(stage_name: str, metrics_path: Path, console: Console
 
 def attach_progress(trainer, stage_name: str, metrics_path: Path, console: Console, **options) -> None:
     """Replace transformers' printer and tqdm callbacks with the kit's display (options: make_progress_callback's
-    keyword arguments)."""
+    keyword arguments), and add the clean-stop / disk-check callback."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(make_progress_callback(stage_name, metrics_path, console, trainer=trainer, **options))
+    # Every trainer-based stage stops cleanly on Ctrl-C / SIGTERM and checks disk before its checkpoints.
+    from kitcli.interrupt import make_stop_callback
+
+    trainer.add_callback(make_stop_callback(metrics_path.parent / "checkpoints"))

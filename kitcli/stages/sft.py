@@ -11,7 +11,6 @@ from typing import Any
 
 from kitcli.backend import cuda_available, load_policy, save_model
 from kitcli.data import read_rows, require_columns, to_dataset
-from kitcli.interrupt import make_stop_callback
 from kitcli.progress import attach_progress, read_metrics, truncate_metrics
 from kitcli.runner import StageContext, last_checkpoint
 from kitcli.trl_config import build_config, config_dict, explicit_values
@@ -70,7 +69,6 @@ def run(ctx: StageContext) -> dict[str, Any]:
                          processing_class=loaded.tokenizer)
     metrics_path = ctx.stage_dir / "metrics.jsonl"
     attach_progress(trainer, ctx.name, metrics_path, ctx.console)
-    trainer.add_callback(make_stop_callback(ctx.stage_dir / "checkpoints"))
     resume = last_checkpoint(ctx.stage_dir)
     if resume is not None:
         step = int(resume.name.split("-")[-1])
