@@ -38,7 +38,9 @@ PANELS: dict[str, list[tuple[str, str, list[str]]]] = {
              ("completion length", "tokens", ["completions/mean_length", "completions/min_length",
                                               "completions/max_length"]),
              ("entropy", "nats per token", ["entropy"]),
-             ("clip ratio", "fraction of tokens", ["clip_ratio/region_mean", "completions/clipped_ratio"]),
+             ("clipped importance ratios", "fraction of tokens", ["clip_ratio/region_mean", "clip_ratio/low_mean",
+                                                                 "clip_ratio/high_mean"]),
+             ("truncated completions (hit max_completion_length)", "fraction", ["completions/clipped_ratio"]),
              ("loss", "loss", ["loss"])],
     "ppo": [("score", "mean score", ["objective/scores", "rewards/*/mean", "objective/rlhf_reward"]),
             ("KL to the reference", "KL", ["objective/kl", "policy/approxkl"]),
@@ -245,6 +247,7 @@ def stage_figure(title: str, stage_type: str, rows: list[dict[str, Any]]):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     columns = 1 if len(panels) == 1 else 2 if len(panels) <= 4 else 3
     lines = math.ceil(len(panels) / columns)
@@ -257,6 +260,7 @@ def stage_figure(title: str, stage_type: str, rows: list[dict[str, Any]]):
                     key.endswith("/mean") else key)
         ax.set_title(panel_title)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         if len(keys) > 1:
