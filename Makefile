@@ -21,5 +21,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# Benchmarks (not part of `make test`): start-up, kit vs raw TRL overhead, GPU figures (reduced on a CPU), seeds.
+bench: $(STAMP)
+	$(BIN)/python bench/startup.py
+	$(BIN)/python bench/overhead.py
+	if $(BIN)/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
+		$(BIN)/python bench/gpu.py; else $(BIN)/python bench/gpu.py --reduced; fi
+	$(BIN)/python bench/seeds.py
+
 clean:
 	rm -rf runs .pytest_cache .pytest_kit_home

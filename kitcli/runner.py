@@ -266,7 +266,7 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
         started = time.time()
         with stage_display(index, total, stage["type"]):
             summary = run_stage(ctx)
-        summary = {**summary, "seconds": round(time.time() - started, 2)}
+        summary = {**summary, "seconds": round(time.time() - started, 2), **peak_gpu_memory()}
         if main:
             write_atomic(ctx.stage_dir / DONE_NAME, json.dumps(summary, indent=2, default=str))
         launch.barrier()
@@ -289,6 +289,16 @@ def write_run_report(run_dir: Path, console: Console) -> Path | None:
         console.print(f"could not write the report ({type(error).__name__}: {error}); retry with "
                       f"`kit report {run_dir}`", highlight=False, markup=False)
         return None
+
+
+def peak_gpu_memory() -> dict[str, float]:
+    """The stage's peak CUDA memory (GiB), recorded in DONE; nothing without a GPU. Resets the counter."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return {}
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    torch.cuda.reset_peak_memory_stats()
+    return {"peak_gpu_memory_gib": round(peak, 3)}
 
 
 def run_stage(ctx: StageContext) -> dict[str, Any]:
