@@ -206,3 +206,9 @@ def test_on_error_skip_counts_the_skipped_samples(tmp_path):
     run_cli("run", recipe, "--output", tmp_path / "run")
     row = [r for r in metrics(tmp_path / "run" / "grpo") if "reward" in r][-1]
     assert row["reward_skipped/nan"] == 7
+
+
+def test_use_vllm_without_a_gpu_or_vllm(tmp_path):
+    recipe = write_recipe(tmp_path / "r.yaml", [grpo_stage(init=None, rewards=["exact_match"],
+                                                           train={"use_vllm": True})])
+    assert "train.use_vllm needs a CUDA GPU and vLLM" in fails("run", recipe, "--dry-run")

@@ -224,6 +224,13 @@ def resolved_defaults(ctx: StageContext, preset: dict[str, Any], rewards) -> dic
     if "reward_weights" in train:
         raise KitError(f"{ctx.where}: train.reward_weights is set by the kit from each reward's weight:; "
                        f"give the weights there instead")
+    if train.get("use_vllm"):
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None or not cuda_available():
+            raise KitError(f"{ctx.where}: train.use_vllm needs a CUDA GPU and vLLM (pip install vllm, then run "
+                           f"`trl vllm-serve` for vllm_mode: server); without it, remove use_vllm (the kit "
+                           f"generates with transformers)")
     defaults = stage_defaults(ctx, preset)
     defaults["reward_weights"] = reward_weights(ctx, rewards)
     check_group_sizes({**defaults, **train}, ctx.where)

@@ -527,7 +527,7 @@ def reward_model_inputs(reward_model: RewardModel, prompts: list[Any], completio
             ids = tokenizer.apply_chat_template(prompt + [{"role": "assistant", "content": completion}],
                                                 tokenize=True, return_dict=True)["input_ids"]
         else:
-            ids = tokenizer(str(prompt) + completion + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+            ids = tokenizer(str(prompt) + completion + tokenizer.eos_token)["input_ids"]  # as TRL: `text=` call
         sequences.append(list(ids))
     return sequences
 
@@ -932,11 +932,11 @@ def train(ctx: StageContext, config: PPOConfig, models: PPOModels, rows, reward_
             step += 1
             seconds.append(time.time() - started)
             row["seconds_per_step"] = seconds[-1]
-            row["episode"] = step * config.per_device_train_batch_size
             pending.append(row)
             dashboard.advance(step)
             if step % config.logging_steps == 0 or step == steps:
-                dashboard.log(step, mean_rows(pending), samples=rollout_samples(batch, rollout))
+                logged = {**mean_rows(pending), "episode": step * config.per_device_train_batch_size}
+                dashboard.log(step, logged, samples=rollout_samples(batch, rollout))
                 pending = []
             if interrupt.requested() or (step % config.save_steps == 0 and step < steps):
                 interrupt.check_free_disk(ctx.stage_dir / "checkpoints", interrupt.checkpoint_bytes(models.model),
