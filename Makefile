@@ -1,4 +1,4 @@
-# make demo: set up .venv if missing and run the embedded pipeline on CPU.
+# make demo: set up .venv if missing and run the embedded SFT -> GRPO pipeline on CPU.
 # make test: set up .venv if missing and run the test suite.
 PYTHON ?= python3
 VENV := .venv
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/kit run tiny-sft --output runs/demo
+	$(BIN)/kit run tiny-grpo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
