@@ -22,23 +22,18 @@ def all_commands(group: click.Group, prefix=()):
             yield from all_commands(command, prefix + (name,))
 
 
-def test_help_imports_no_heavy_module():
+@pytest.mark.parametrize("argv, expected", [
+    (["--help"], "Usage: kit"),
+    (["recipes", "list"], "tiny-sft"),
+    (["rewards", "list"], "exact_match"),
+], ids=["help", "recipes-list", "rewards-list"])
+def test_commands_that_do_not_train_import_no_heavy_module(argv, expected):
     code = ("import sys, json\n"
             "from kitcli.cli import main\n"
-            "try:\n    main(['--help'], prog_name='kit')\nexcept SystemExit:\n    pass\n"
+            f"try:\n    main({argv!r}, prog_name='kit')\nexcept SystemExit:\n    pass\n"
             f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "Usage: kit" in result.stdout
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
-
-
-def test_recipes_list_imports_no_heavy_module():
-    code = ("import sys, json\n"
-            "from kitcli.cli import main\n"
-            "try:\n    main(['recipes', 'list'], prog_name='kit')\nexcept SystemExit:\n    pass\n"
-            f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "tiny-sft" in result.stdout
+    assert expected in result.stdout
     assert json.loads(result.stdout.strip().splitlines()[-1]) == []
 
 
