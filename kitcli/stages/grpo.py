@@ -16,6 +16,7 @@ The `variant:` preset fixes every GRPOConfig field that decides the objective (t
                                                                                       truncated completions masked
     bnpo      bnpo       group          0.0   0.2      0.2           false           token mean over the local batch
 
+Every preset also sets importance_sampling_level "token" (GSPO is its own stage type, `kitcli/stages/gspo.py`).
 Dr. GRPO's other fix for the difficulty bias is to scale by the whole batch's standard deviation instead of
 each group's: `train: {scale_rewards: batch}` on any variant.
 """
