@@ -222,7 +222,8 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
         console = Console(quiet=True)
     lock = make_lock(recipe)
     run_dir = choose_run_dir(recipe, output, lock)
-    preflight(recipe, run_dir, console)
+    described = preflight(recipe, run_dir, console)
+    lock["resolved"] = redact({s["name"]: d for s, d in zip(recipe.stages, described)})  # e.g. variant presets
     if main:
         existing = read_lock(run_dir)
         if existing is not None:
