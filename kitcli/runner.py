@@ -185,6 +185,18 @@ def last_checkpoint(stage_dir: Path) -> Path | None:
     return max(checkpoints, key=lambda p: int(p.name.split("-")[-1])) if checkpoints else None
 
 
+def resume_checkpoint(ctx: StageContext, metrics_path: Path) -> Path | None:
+    """The stage's last checkpoint, if any; its metrics are cut back to that step (they will be logged again)."""
+    from kitcli.progress import truncate_metrics
+
+    resume = last_checkpoint(ctx.stage_dir)
+    if resume is not None:
+        step = int(resume.name.split("-")[-1])
+        truncate_metrics(metrics_path, step)
+        ctx.log(f"resuming {ctx.name} from {resume.name} (step {step})")
+    return resume
+
+
 def stage_done(stage_dir: Path) -> dict[str, Any] | None:
     marker = stage_dir / DONE_NAME
     if not marker.exists():

@@ -32,8 +32,8 @@ from typing import Any
 from kitcli.backend import cuda_available, is_peft_model, load_policy, save_model
 from kitcli.data import to_dataset
 from kitcli.errors import KitError
-from kitcli.progress import attach_progress, read_metrics, truncate_metrics
-from kitcli.runner import StageContext, last_checkpoint
+from kitcli.progress import attach_progress, read_metrics
+from kitcli.runner import StageContext, resume_checkpoint
 from kitcli.stages.reward import check_init, describe_data, final_evaluation, has_eval, train_eval_rows
 from kitcli.trl_config import build_config, config_dict, explicit_values
 
@@ -142,11 +142,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     (ctx.stage_dir / "config.json").write_text(json.dumps(config_dict(trainer.args), indent=2))
     metrics_path = ctx.stage_dir / "metrics.jsonl"
     attach_progress(trainer, ctx.name, metrics_path, ctx.console)
-    resume = last_checkpoint(ctx.stage_dir)
-    if resume is not None:
-        step = int(resume.name.split("-")[-1])
-        truncate_metrics(metrics_path, step)
-        ctx.log(f"resuming {ctx.name} from {resume.name} (step {step})")
+    resume = resume_checkpoint(ctx, metrics_path)
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     evaluated = final_evaluation(trainer, metrics_path) if trainer.eval_dataset is not None else {}
     if is_peft_model(loaded.model) and REFERENCE_ADAPTER in loaded.model.peft_config:

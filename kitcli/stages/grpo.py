@@ -31,8 +31,8 @@ from typing import Any
 from kitcli.backend import cuda_available, load_policy, save_model
 from kitcli.data import read_rows, to_dataset
 from kitcli.errors import KitError, did_you_mean
-from kitcli.progress import attach_progress, read_metrics, truncate_metrics
-from kitcli.runner import StageContext, last_checkpoint
+from kitcli.progress import attach_progress, read_metrics
+from kitcli.runner import StageContext, resume_checkpoint
 from kitcli.trl_config import build_config, config_dict, explicit_values
 
 # The fields each preset sets; every variant sets all of them, so switching variants never inherits a default.
@@ -356,11 +356,7 @@ def train_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any]
     (ctx.stage_dir / "config.json").write_text(json.dumps(config_dict(config), indent=2))
     metrics_path = ctx.stage_dir / "metrics.jsonl"
     attach_progress(trainer, ctx.name, metrics_path, ctx.console)
-    resume = last_checkpoint(ctx.stage_dir)
-    if resume is not None:
-        step = int(resume.name.split("-")[-1])
-        truncate_metrics(metrics_path, step)
-        ctx.log(f"resuming {ctx.name} from {resume.name} (step {step})")
+    resume = resume_checkpoint(ctx, metrics_path)
     try:
         trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     except KitError as error:  # a reward failed: say which stage, keep the checkpoints

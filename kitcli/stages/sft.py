@@ -11,8 +11,8 @@ from typing import Any
 
 from kitcli.backend import cuda_available, load_policy, save_model
 from kitcli.data import read_rows, require_columns, to_dataset
-from kitcli.progress import attach_progress, read_metrics, truncate_metrics
-from kitcli.runner import StageContext, last_checkpoint
+from kitcli.progress import attach_progress, read_metrics
+from kitcli.runner import StageContext, resume_checkpoint
 from kitcli.trl_config import build_config, config_dict, explicit_values
 
 COLUMN_OPTIONS = [["prompt", "completion"], ["messages"], ["text"]]
@@ -69,11 +69,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
                          processing_class=loaded.tokenizer)
     metrics_path = ctx.stage_dir / "metrics.jsonl"
     attach_progress(trainer, ctx.name, metrics_path, ctx.console)
-    resume = last_checkpoint(ctx.stage_dir)
-    if resume is not None:
-        step = int(resume.name.split("-")[-1])
-        truncate_metrics(metrics_path, step)
-        ctx.log(f"resuming {ctx.name} from {resume.name} (step {step})")
+    resume = resume_checkpoint(ctx, metrics_path)
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     save_model(loaded.model, loaded.tokenizer, ctx.stage_dir)
     losses = [row["loss"] for row in read_metrics(metrics_path) if "loss" in row]
