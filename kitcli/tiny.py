@@ -28,7 +28,7 @@ PRETRAIN_STEPS = 300
 PRETRAIN_BATCH = 32
 PRETRAIN_FACTS_PER_DOC = 4
 PRETRAIN_LR = 3e-3
-BUILD_VERSION = 1  # bump when the recipe for building the tiny model changes
+BUILD_VERSION = 2  # bump when the recipe for building the tiny model changes
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -104,7 +104,9 @@ def pretrain(model, tokenizer, seed: int) -> None:
                                                    pct_start=0.1)
     model.train()
     for _ in range(PRETRAIN_STEPS):
-        docs = [pretraining_text(rng) for _ in range(PRETRAIN_BATCH)]
+        # Each document ends with the end-of-sequence token, as in real pretraining; without it the token's
+        # (tied) embedding stays random and a fine-tuned model cannot learn to stop after its answer.
+        docs = [pretraining_text(rng).rstrip("\n") + tokenizer.eos_token for _ in range(PRETRAIN_BATCH)]
         batch = tokenizer(docs, return_tensors="pt", padding=True)
         labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
         loss = model(**batch, labels=labels).loss
