@@ -52,13 +52,17 @@ def prompt_rows(problems: list[dict]) -> list[dict]:
 
 
 def preference_rows(problems: list[dict], seed: int) -> list[dict]:
-    """Chosen is the right sum; rejected is off by one to three (a plausible mistake, not noise)."""
+    """Chosen is the right sum; rejected is, half the time, off by one to three (a plausible mistake) and otherwise
+    any other sum from 0 to 18, so a reward model learns to rank the right answer above every wrong one."""
     rng = random.Random(seed)
     rows = []
     for p in problems:
         right = int(p["answer"])
-        wrong = max(0, right + rng.choice([-1, 1]) * rng.randint(1, 3))
-        wrong = wrong if wrong != right else right + 1
+        if rng.random() < 0.5:
+            wrong = max(0, right + rng.choice([-1, 1]) * rng.randint(1, 3))
+            wrong = wrong if wrong != right else right + 1
+        else:
+            wrong = rng.choice([n for n in range(19) if n != right])
         rows.append({"prompt": chat(p["question"]), "chosen": chat(str(right), "assistant"),
                      "rejected": chat(str(wrong), "assistant")})
     return rows
@@ -77,7 +81,7 @@ def write_all(out_dir: Path) -> list[Path]:
         "arithmetic_sft.jsonl": sft_rows(word_problems(train, 800, seed=1)),
         "arithmetic_eval.jsonl": sft_rows(word_problems(held_out, 100, seed=2)),
         "arithmetic_prompts.jsonl": prompt_rows(word_problems(train, 400, seed=3)),
-        "arithmetic_prefs.jsonl": preference_rows(word_problems(train, 400, seed=4), seed=5),
+        "arithmetic_prefs.jsonl": preference_rows(word_problems(train, 1600, seed=4), seed=5),
     }
     for name, rows in files.items():
         write_jsonl(out_dir / name, rows)
