@@ -82,6 +82,7 @@ def prepare_backend(backend: str) -> None:
     transformers.utils.logging.disable_progress_bar()
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
+    os.environ.setdefault("TQDM_DISABLE", "1")  # TRL's own bars (e.g. DPO's reference precompute); kit shows progress
     if backend == "transformers" and not cuda_available():
         route_trl_fused_head_off_gpu()
 

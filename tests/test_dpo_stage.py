@@ -150,3 +150,25 @@ def test_dpo_data_without_chosen_rejected_is_refused_and_nothing_is_lost(in_tmp)
     line = result.output.strip().splitlines()[-1]
     assert "needs columns chosen+rejected" in line and "it has answer, prompt" in line and "columns:" in line
     assert snapshot(in_tmp) == before
+
+
+def test_dpo_over_several_epochs_precomputes_reference_logprobs_with_the_same_result(tmp_path):
+    """With num_train_epochs > 1 the kit turns precompute_ref_log_probs on (a reference forward per row once,
+    not per step); the training numbers must be those of the per-step reference."""
+    stage = {"name": "dpo", "type": "dpo", "data": {"path": PREFS["path"], "limit": 16}, "eval_fraction": 0,
+             "train": {"num_train_epochs": 2, "learning_rate": 2e-3, "per_device_train_batch_size": 8,
+                       "logging_steps": 1, "save_steps": 100}}
+    runs = {}
+    for precompute in (None, False):
+        train = dict(stage["train"], **({} if precompute is None else {"precompute_ref_log_probs": precompute}))
+        recipe = write_recipe(tmp_path / f"dpo-{precompute}.yaml", [dict(stage, train=train)])
+        run_cli("run", recipe, "--output", tmp_path / f"run-{precompute}")
+        runs[precompute] = tmp_path / f"run-{precompute}" / "dpo"
+    assert json.loads((runs[None] / "config.json").read_text())["precompute_ref_log_probs"] is True
+    assert json.loads((runs[False] / "config.json").read_text())["precompute_ref_log_probs"] is False
+    default, per_step = ([r for r in metrics(run) if "loss" in r] for run in (runs[None], runs[False]))
+    assert len(default) == len(per_step) == 4
+    for a, b in zip(default, per_step):
+        for key in ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins"):
+            assert a[key] == pytest.approx(b[key], rel=1e-3, abs=1e-5), key
+    assert default[-1]["rewards/margins"] != 0  # the policy moved away from the reference

@@ -43,6 +43,13 @@ REFERENCE_ADAPTER = "ref"  # the name TRL 1.15's DPOTrainer gives the frozen cop
 TRACKED = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins")
 
 
+def several_passes(train: dict[str, Any]) -> bool:
+    """Whether training goes over the data more than once (epochs > 1, no max_steps). Then the reference's
+    log-probs are computed once before training instead of at every step: each later pass skips a reference
+    forward (bench/defaults.py measures it); with a single pass the precompute costs as much as it saves."""
+    return train.get("max_steps", -1) in (-1, None) and float(train.get("num_train_epochs", 1)) > 1
+
+
 def stage_defaults(ctx: StageContext) -> dict[str, Any]:
     evaluating = has_eval(ctx)
     return {
@@ -57,7 +64,8 @@ def stage_defaults(ctx: StageContext) -> dict[str, Any]:
         "max_length": ctx.model["max_seq_length"],
         "truncation_mode": "keep_start",
         "padding_free": False,
-        "precompute_ref_log_probs": False,
+        "precompute_ref_log_probs": several_passes(ctx.stage.get("train", {})),
+        "precompute_ref_batch_size": None,
         "sync_ref_model": False,
         "disable_dropout": True,
         "gradient_checkpointing": cuda_available(),
