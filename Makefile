@@ -21,10 +21,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-# Benchmarks (not part of `make test`): start-up, kit vs raw TRL overhead, GPU figures (reduced on a CPU), seeds.
+# Benchmarks (not part of `make test`): start-up, kit vs raw TRL overhead, the demo pipeline, fast defaults,
+# GPU figures (reduced on a CPU), seeds.
 bench: $(STAMP)
 	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/overhead.py
+	$(BIN)/python bench/pipeline.py
+	$(BIN)/python bench/defaults.py
 	if $(BIN)/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
 		$(BIN)/python bench/gpu.py; else $(BIN)/python bench/gpu.py --reduced; fi
 	$(BIN)/python bench/seeds.py
