@@ -215,7 +215,7 @@ def test_reward_model_with_another_tokenizer_and_no_chat_template_fails_in_one_l
 
 def test_shipped_ppo_recipes_dry_run(in_tmp, tiny_model_dir):
     result = run_cli("run", "tiny-ppo", "--dry-run")
-    assert "# stage 4/5: ppo (ppo)" in result.output and "kl_coef: 0.2" in result.output
-    assert "reward model rm (weight 1)" in " ".join(result.output.split())  # YAML wraps long lines
+    assert "# stage 5/6: ppo (ppo)" in result.output and "kl_coef: 0.05" in result.output
+    assert "reward model rm (weight 0.1)" in " ".join(result.output.split())  # YAML wraps long lines
     gpu = run_cli("run", "qwen3-4b-ppo", "--dry-run")
     assert "response_length: 256" in gpu.output and "hub dataset, read when the stage runs" in gpu.output
