@@ -74,7 +74,8 @@ def main() -> None:
                               args=trl_config(GRPOConfig, config_path, output_dir),
                               train_dataset=Dataset.from_list(rows("arithmetic_prompts.jsonl", ["prompt", "answer"])),
                               processing_class=tokenizer)
-    trainer.train()
+    result = trainer.train()
+    print(f"TRAIN_RUNTIME {result.metrics['train_runtime']}")  # the training loop alone, for overhead.py
     model.save_pretrained(str(Path(output_dir) / "adapter"))
     tokenizer.save_pretrained(str(Path(output_dir) / "adapter"))
 
