@@ -10,7 +10,9 @@ as `kit run` skips finished stages). The scores come from the DONE files of the 
 consecutive eval stages (e.g. eval-before -> eval-after, with the training stages between them) the script
 reports, per score, the mean and standard deviation over seeds of both evals and of the change, and calls the
 change clear when every seed improved and the mean change exceeds the larger of the two evals' seed-to-seed
-standard deviations. Results go to bench/results/seeds.json.
+standard deviations. A reward model's score is only defined up to a constant and each seed trains its own reward
+model, so for scores that include one the levels of different seeds are not comparable; there the mean change must
+exceed the seed-to-seed standard deviation of the change itself. Results go to bench/results/seeds.json.
 """
 
 from __future__ import annotations
@@ -70,6 +72,14 @@ def spread(values: list[float]) -> dict[str, float]:
             "min": min(values), "max": max(values), "values": values}
 
 
+def scored_by_reward_model(key: str, keys: list[str]) -> bool:
+    """A learned reward model's scores are only defined up to a constant (the Bradley-Terry loss ignores a shift),
+    and each seed trains its own, so their levels differ between seeds by an arbitrary offset."""
+    if key.startswith("rewards/reward_model"):
+        return True
+    return key == "reward" and any(k.startswith("rewards/reward_model") for k in keys)
+
+
 def summarize(recipe: str, per_seed: dict[int, tuple[list[dict[str, Any]], list[dict[str, Any]]]]) -> dict[str, Any]:
     seeds = sorted(per_seed)
     evals0, stages = per_seed[seeds[0]]
@@ -89,7 +99,11 @@ def summarize(recipe: str, per_seed: dict[int, tuple[list[dict[str, Any]], list[
                 continue
             deltas = [y - x for x, y in zip(scores[a][key]["values"], scores[b][key]["values"])]
             change = spread(deltas)
-            noise = max(scores[a][key]["std"], scores[b][key]["std"])
+            if scored_by_reward_model(key, keys):
+                noise = change["std"]  # each seed's reward model has its own offset: compare changes, not levels
+            else:
+                noise = max(scores[a][key]["std"], scores[b][key]["std"])
+            change["noise"] = noise
             change["clear"] = min(deltas) > 0 and change["mean"] > noise
             figures[key] = change
         changes.append({"from": a, "to": b, "trained": trained, "scores": figures})
@@ -134,6 +148,8 @@ def main() -> None:
                            "python": platform.python_version()},
                "seconds": {**earlier.get("seconds", {}), **seconds},
                "results": sorted(kept + results, key=lambda r: r["recipe"])}
+    if earlier.get("notes"):
+        payload["notes"] = earlier["notes"]  # hand-written remarks on how earlier figures were made
     args.out.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"\nwrote {args.out}")
 
