@@ -36,9 +36,9 @@ def timed(command: list[str], env: dict | None = None, cwd: Path | None = None) 
     return {"seconds": seconds, "peak_rss_mib": usage.ru_maxrss / 1024, "output": output.decode(errors="replace")}
 
 
-def save(name: str, payload: dict) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+def save(name: str, payload: dict, directory: Path = RESULTS) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.json"
     path.write_text(json.dumps({"machine": machine(), "when": time.strftime("%Y-%m-%d %H:%M:%S"), **payload},
                                indent=2))
     return path

@@ -5,6 +5,8 @@ bitsandbytes backend: step time, tokens per second and peak VRAM, as ratios.
     python bench/gpu.py              # on a CUDA machine: the real shape (finishes within ~8 minutes on an H200)
     python bench/gpu.py --reduced    # anywhere: a tiny shape, a few steps, so the script cannot rot (CPU: no VRAM)
 
+tests/test_bench_gpu.py runs the reduced mode on every `make test`.
+
 Both sides run the same recipe (bench writes it) in their own process; the backend is forced with
 KIT_FORCE_BACKEND. Peak VRAM is what kit records in each stage's DONE file (torch.cuda.max_memory_allocated).
 """
@@ -14,13 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 import yaml
 
-from common import KIT, ROOT, save, timed
+from common import KIT, RESULTS, ROOT, save, timed
 
 QWEN3_1_7B = {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28, "num_attention_heads": 16,
               "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 4096, "rope_theta": 1000000.0,
@@ -84,11 +87,24 @@ def ratio(a, b):
     return round(a / b, 3) if a and b else None
 
 
+def cell(value, width: int, digits: int) -> str:
+    """A table cell; '-' where there is no figure (no VRAM on a CPU, no token count)."""
+    return f"{value:{width}.{digits}f}" if isinstance(value, (int, float)) else f"{'-':>{width}}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reduced", action="store_true", help="a tiny shape and a few steps (runs on CPU)")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="directory for the JSON (default bench/results)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kit-gpu-bench-"))
+    try:
+        run(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, work: Path) -> None:
     model_dir = work / "model"
     build_model(model_dir, REDUCED if args.reduced else QWEN3_1_7B)
     recipe_path = work / "recipe.yaml"
@@ -110,11 +126,12 @@ def main() -> None:
     print(f"shape: {'reduced (tiny)' if args.reduced else 'Qwen3-1.7B'}; ratios are Unsloth / plain transformers+PEFT")
     print(f"{'stage':6} {'step s U':>9} {'step s T':>9} {'ratio':>6} {'tok/s ratio':>12} {'VRAM U':>7} {'VRAM T':>7} {'ratio':>6}")
     for r in rows:
-        print(f"{r['stage']:6} {r['unsloth']['step_s']:9.3f} {r['transformers']['step_s']:9.3f} "
-              f"{r['step_time_ratio'] or 0:6.3f} {r['tokens_per_s_ratio'] or 0:12.3f} "
-              f"{r['unsloth']['peak_vram_gib'] or 0:7.2f} {r['transformers']['peak_vram_gib'] or 0:7.2f} "
-              f"{r['peak_vram_ratio'] or 0:6.3f}")
-    print(f"results: {save('gpu-reduced' if args.reduced else 'gpu', {'rows': rows, 'results': results})}")
+        print(f"{r['stage']:6} {cell(r['unsloth']['step_s'], 9, 3)} {cell(r['transformers']['step_s'], 9, 3)} "
+              f"{cell(r['step_time_ratio'], 6, 3)} {cell(r['tokens_per_s_ratio'], 12, 3)} "
+              f"{cell(r['unsloth']['peak_vram_gib'], 7, 2)} {cell(r['transformers']['peak_vram_gib'], 7, 2)} "
+              f"{cell(r['peak_vram_ratio'], 6, 3)}")
+    saved = save("gpu-reduced" if args.reduced else "gpu", {"rows": rows, "results": results}, args.results)
+    print(f"results: {saved}")
 
 
 if __name__ == "__main__":
