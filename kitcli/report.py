@@ -243,15 +243,13 @@ def stage_figure(title: str, stage_type: str, rows: list[dict[str, Any]]):
     panels = stage_panels(stage_type, rows)
     if not panels:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     columns = 1 if len(panels) == 1 else 2 if len(panels) <= 4 else 3
     lines = math.ceil(len(panels) / columns)
-    figure, axes = plt.subplots(lines, columns, figsize=(5.2 * columns, 3.4 * lines), squeeze=False)
+    figure = Figure(figsize=(5.2 * columns, 3.4 * lines))
+    axes = figure.subplots(lines, columns, squeeze=False)
     for ax, (panel_title, ylabel, keys) in zip(axes.flat, panels):
         for key in keys:
             xs, ys = series(rows, key)
@@ -277,12 +275,10 @@ def eval_figure(evals: list[tuple[dict[str, Any], dict[str, Any]]]):
     keys = eval_metric_keys([summary for _, summary in evals])
     if not evals or not keys:
         return None
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(evals) * max(1, len(keys)) ** 0.5 + 2), 4.2))
+    figure = Figure(figsize=(max(6.0, 1.6 * len(evals) * max(1, len(keys)) ** 0.5 + 2), 4.2))
+    ax = figure.subplots()
     width = 0.8 / len(keys)
     for offset, key in enumerate(keys):
         values = [summary.get(key) if isinstance(summary.get(key), (int, float)) else 0.0 for _, summary in evals]
@@ -301,10 +297,8 @@ def eval_figure(evals: list[tuple[dict[str, Any], dict[str, Any]]]):
 
 
 def save_figure(figure, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
+    """Figures are built without pyplot (no global figure registry to close, and less to import)."""
     figure.savefig(path, dpi=110)
-    plt.close(figure)
 
 
 # --- report.md ----------------------------------------------------------------------------------------------
