@@ -211,6 +211,15 @@ def load_policy(
     return loaded
 
 
+def load_stage_policy(model: dict[str, Any], *, lora: dict[str, Any] | None, seed: int, init_from: Path | None,
+                      log=print, trainable: bool = True, label: str = "policy", **overrides: Any) -> LoadedModel:
+    """`load_policy` with the settings of a recipe's `model:` mapping (`overrides` replace any of them)."""
+    settings = {key: model[key] for key in ("max_seq_length", "load_in_4bit", "backend", "dtype", "trust_remote_code")}
+    settings.update(overrides)
+    return load_policy(model["name"], lora=lora, seed=seed, init_from=init_from, trainable=trainable, log=log,
+                       label=label, **settings)
+
+
 def _is_quantized(model) -> bool:
     return any(type(m).__name__ in ("Linear4bit", "Linear8bitLt") for m in model.modules())
 

@@ -58,13 +58,15 @@ def check_free_disk(directory: Path, needed: int, what: str) -> None:
                        f"or lower save_total_limit")
 
 
-def make_stop_callback(checkpoint_dir: Path):
-    """A TrainerCallback: on a stop request, save a checkpoint and end training; check disk before every save."""
+def make_stop_callback(checkpoint_dir: Path, every: int = 1):
+    """A TrainerCallback: on a stop request, save a checkpoint and end training; check disk before every save.
+    `every`: stop only at a step that is a multiple of it (GRPO's generation cycle, so the checkpoint resumes
+    exactly: completions generated for later steps are not saved)."""
     from transformers import TrainerCallback
 
     class StopAndDiskCallback(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **kwargs):
-            if requested():
+            if requested() and state.global_step % every == 0:
                 control.should_save = True
                 control.should_training_stop = True
             if control.should_save and model is not None:

@@ -496,9 +496,10 @@ def make_progress_callback(stage_name: str, metrics_path: Path, console: Console
     return KitProgress()
 
 
-def attach_progress(trainer, stage_name: str, metrics_path: Path, console: Console, **options) -> None:
+def attach_progress(trainer, stage_name: str, metrics_path: Path, console: Console, *, stop_every: int = 1,
+                    **options) -> None:
     """Replace transformers' printer and tqdm callbacks with the kit's display (options: make_progress_callback's
-    keyword arguments), and add the clean-stop / disk-check callback."""
+    keyword arguments), and add the clean-stop / disk-check callback (stopping at a multiple of `stop_every`)."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     trainer.remove_callback(PrinterCallback)
@@ -507,4 +508,4 @@ def attach_progress(trainer, stage_name: str, metrics_path: Path, console: Conso
     # Every trainer-based stage stops cleanly on Ctrl-C / SIGTERM and checks disk before its checkpoints.
     from kitcli.interrupt import make_stop_callback
 
-    trainer.add_callback(make_stop_callback(metrics_path.parent / "checkpoints"))
+    trainer.add_callback(make_stop_callback(metrics_path.parent / "checkpoints", stop_every))

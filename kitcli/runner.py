@@ -179,21 +179,31 @@ def choose_run_dir(recipe: Recipe, output: str | None, lock: dict[str, Any]) -> 
     return runs / f"{recipe.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def last_checkpoint(stage_dir: Path) -> Path | None:
-    checkpoints = [p for p in (stage_dir / "checkpoints").glob("checkpoint-*")
-                   if p.name.split("-")[-1].isdigit() and (p / "trainer_state.json").exists()]
-    return max(checkpoints, key=lambda p: int(p.name.split("-")[-1])) if checkpoints else None
+def stage_lora(ctx: StageContext) -> dict[str, Any] | None:
+    """The LoRA settings the stage trains with: its init stage's adapter's, else the recipe's."""
+    from kitcli.backend import lora_from_adapter
+
+    init = ctx.init_dir
+    if init is not None and (init / "adapter" / "adapter_config.json").is_file():
+        return lora_from_adapter(init / "adapter")
+    return ctx.recipe.data["lora"]
 
 
-def resume_checkpoint(ctx: StageContext, metrics_path: Path) -> Path | None:
-    """The stage's last checkpoint, if any; its metrics are cut back to that step (they will be logged again)."""
+def resume_checkpoint(ctx: StageContext, metrics_path: Path, settings: dict[str, Any],
+                      required: list[str] | None = None) -> Path | None:
+    """The stage's last checkpoint, checked (whole, same settings and LoRA shapes) before anything trains; then
+    the stage's config.json records `settings` and its metrics are cut back to the checkpoint's step (they will
+    be logged again)."""
+    from kitcli.checkpoints import check_resumable, step_of
     from kitcli.progress import truncate_metrics
 
-    resume = last_checkpoint(ctx.stage_dir)
+    resume = check_resumable(ctx.stage_dir, settings, stage_lora(ctx), ctx.where, required)
+    write_atomic(ctx.stage_dir / "config.json", json.dumps(settings, indent=2, default=str))
     if resume is not None:
-        step = int(resume.name.split("-")[-1])
+        step = step_of(resume)
         truncate_metrics(metrics_path, step)
-        ctx.log(f"resuming {ctx.name} from {resume.name} (step {step})")
+        ctx.log(f"resuming {ctx.name} from {resume.name} (step {step}): weights, optimizer, scheduler and RNG "
+                f"state restored")
     return resume
 
 
@@ -326,6 +336,8 @@ def run_stage(ctx: StageContext) -> dict[str, Any]:
     finally:
         interrupt.restore_handlers()
     if interrupt.requested():
+        from kitcli.checkpoints import last_checkpoint
+
         checkpoint = last_checkpoint(ctx.stage_dir)
         saved = f"checkpoint saved at {checkpoint}; " if checkpoint else ""
         raise interrupt.StageInterrupted(f"stage '{ctx.name}' stopped by {interrupt.requested()}; {saved}run the same "

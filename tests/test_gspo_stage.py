@@ -27,7 +27,7 @@ def stages(**gspo) -> list[dict]:
     stage = {"name": "gspo", "type": "gspo", "init": "sft", "data": PROMPTS,
              "rewards": ["exact_match", "length_reward.py:varied"],
              "train": {"learning_rate": 1e-3, "max_steps": 4, "per_device_train_batch_size": 4, "num_generations": 4,
-                       "max_completion_length": 4, "logging_steps": 2, "save_steps": 50, **gspo.pop("train", {})},
+                       "max_completion_length": 4, "logging_steps": 2, "save_steps": 48, **gspo.pop("train", {})},
              **gspo}
     return [sft, stage]
 

@@ -26,20 +26,20 @@ rewards/rejected, rewards/accuracies, rewards/margins, logps/*, logits/*.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from kitcli.backend import cuda_available, is_peft_model, load_policy, save_model
+from kitcli.backend import cuda_available, is_peft_model, load_stage_policy, save_model
 from kitcli.data import to_dataset
 from kitcli.errors import KitError
 from kitcli.progress import attach_progress, read_metrics
+from kitcli import trainers
+from kitcli.checkpoints import train
 from kitcli.runner import StageContext, resume_checkpoint
 from kitcli.stages.reward import check_init, describe_data, final_evaluation, has_eval, train_eval_rows
 from kitcli.trl_config import build_config, config_dict, explicit_values
 
 # Stage types that save a policy (a causal LM) DPO can start from; a reward stage saves a scorer, not a policy.
 INIT_TYPES = ("sft", "dpo", "grpo", "gspo", "ppo")
-REFERENCE_ADAPTER = "ref"  # the name TRL 1.15's DPOTrainer gives the frozen copy of the starting adapter
 TRACKED = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins")
 
 
@@ -77,9 +77,7 @@ def stage_defaults(ctx: StageContext) -> dict[str, Any]:
 
 
 def make_config(ctx: StageContext):
-    from trl import DPOConfig
-
-    config = build_config(DPOConfig, stage_defaults=stage_defaults(ctx), train=ctx.stage.get("train", {}),
+    config = build_config(trainers.config_class("dpo"), stage_defaults=stage_defaults(ctx), train=ctx.stage.get("train", {}),
                           where=ctx.where, output_dir=ctx.stage_dir / "checkpoints", seed=ctx.seed,
                           on_gpu=cuda_available())
     if config.sync_ref_model and ctx.recipe.data["lora"] is not None:
@@ -100,61 +98,30 @@ def describe(ctx: StageContext) -> dict[str, Any]:
             "DPOConfig": explicit_values(config, stage_defaults(ctx), ctx.stage.get("train", {}))}
 
 
-def ensure_reference_adapter(model) -> str:
-    """Check that the trainer's reference is the starting policy: a frozen "ref" adapter equal to "default"."""
-    import torch
-
-    if not is_peft_model(model):
-        return "frozen copy of the starting model (ref_model)"
-    if REFERENCE_ADAPTER not in model.peft_config:  # what TRL 1.15 does in DPOTrainer.__init__, if it was skipped
-        model.add_adapter(REFERENCE_ADAPTER, model.peft_config["default"])
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if ".default." in name:
-                    model.get_parameter(name.replace(".default.", f".{REFERENCE_ADAPTER}.")).copy_(param)
-        model.set_adapter("default")
-    parameters = dict(model.named_parameters())
-    pairs = [(name, name.replace(".default.", f".{REFERENCE_ADAPTER}.")) for name in parameters if ".default." in name]
-    for policy_name, ref_name in pairs:
-        policy, ref = parameters[policy_name], parameters.get(ref_name)
-        # TRL casts the trainable adapter of a 4-bit model to bf16 after copying it, so allow bf16 rounding
-        if ref is None or ref.requires_grad or not torch.allclose(ref.detach().float(), policy.detach().float(),
-                                                                  rtol=1e-2, atol=1e-6):
-            raise KitError(f"the DPO reference adapter does not match the starting policy at {policy_name}; "
-                           f"this TRL/Unsloth version builds the reference differently than kit expects")
-    return f"frozen '{REFERENCE_ADAPTER}' adapter: a copy of the starting adapter ({len(pairs)} tensors)"
-
-
-def build_trainer(ctx: StageContext):
+def build_trainer(ctx: StageContext, config=None):
     """The DPOTrainer this stage trains with, its loaded policy, and how the reference was made."""
     check_init(ctx, INIT_TYPES, "DPO trains a policy (a causal LM) and a reward stage saves a scorer")
     train_rows, eval_rows = train_eval_rows(ctx)
-    loaded = load_policy(
-        ctx.model["name"], max_seq_length=ctx.model["max_seq_length"], load_in_4bit=ctx.model["load_in_4bit"],
-        lora=ctx.recipe.data["lora"], backend=ctx.model["backend"], dtype=ctx.model["dtype"], seed=ctx.seed,
-        init_from=ctx.init_dir, trust_remote_code=ctx.model["trust_remote_code"], log=ctx.log,
-    )
-    from trl import DPOTrainer
-
-    config = make_config(ctx)
-    trainer = DPOTrainer(model=loaded.model, ref_model=None, args=config, train_dataset=to_dataset(train_rows),
-                         eval_dataset=to_dataset(eval_rows) if eval_rows else None,
-                         processing_class=loaded.tokenizer)
-    reference = ensure_reference_adapter(trainer.model)
-    ctx.log(f"{ctx.name}: reference = {reference}, from {ctx.stage.get('init') or 'the base model'}")
+    config = config or make_config(ctx)
+    loaded = load_stage_policy(ctx.model, lora=ctx.recipe.data["lora"], seed=ctx.seed, init_from=ctx.init_dir,
+                               log=ctx.log)
+    trainer, reference = trainers.build_trainer(
+        "dpo", loaded, args=config, reference=True, ref_model=None, train_dataset=to_dataset(train_rows),
+        eval_dataset=to_dataset(eval_rows) if eval_rows else None, processing_class=loaded.tokenizer,
+        log=ctx.log, label=ctx.name)
     return trainer, loaded, reference
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
-    trainer, loaded, reference = build_trainer(ctx)
-    (ctx.stage_dir / "config.json").write_text(json.dumps(config_dict(trainer.args), indent=2))
+    config = make_config(ctx)
     metrics_path = ctx.stage_dir / "metrics.jsonl"
+    resume = resume_checkpoint(ctx, metrics_path, config_dict(config))
+    trainer, loaded, reference = build_trainer(ctx, config)
     attach_progress(trainer, ctx.name, metrics_path, ctx.console)
-    resume = resume_checkpoint(ctx, metrics_path)
-    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    train(trainer, resume, ctx.where)
     evaluated = final_evaluation(trainer, metrics_path) if trainer.eval_dataset is not None else {}
-    if is_peft_model(loaded.model) and REFERENCE_ADAPTER in loaded.model.peft_config:
-        loaded.model.delete_adapter(REFERENCE_ADAPTER)  # adapter/ holds the trained policy only
+    if is_peft_model(loaded.model) and trainers.REFERENCE_ADAPTER in loaded.model.peft_config:
+        loaded.model.delete_adapter(trainers.REFERENCE_ADAPTER)  # adapter/ holds the trained policy only
     save_model(loaded.model, loaded.tokenizer, ctx.stage_dir)
 
     rows = [row for row in read_metrics(metrics_path) if "loss" in row and "rewards/margins" in row]

@@ -27,7 +27,7 @@ import json
 import math
 from typing import Any
 
-from kitcli.backend import load_policy
+from kitcli.backend import load_stage_policy
 from kitcli.data import read_rows, require_columns
 from kitcli.errors import KitError, did_you_mean
 from kitcli.evaluate import exact_match, generate
@@ -194,11 +194,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
     settings = generation_settings(ctx)
     rewards = load_eval_rewards(ctx.stage.get("rewards"), ctx.recipe.base_dir, ctx.where, ctx.run_dir)
     rows = load_rows(ctx, rewards)
-    loaded = load_policy(
-        ctx.model["name"], max_seq_length=ctx.model["max_seq_length"], load_in_4bit=ctx.model["load_in_4bit"],
-        lora=None, backend=ctx.model["backend"], dtype=ctx.model["dtype"], seed=ctx.seed, init_from=ctx.init_dir,
-        trust_remote_code=ctx.model["trust_remote_code"], trainable=False, log=ctx.log, label="evaluated model",
-    )
+    loaded = load_stage_policy(ctx.model, lora=None, seed=ctx.seed, init_from=ctx.init_dir, trainable=False,
+                               log=ctx.log, label="evaluated model")
     summary, records = evaluate_rows(loaded.model, loaded.tokenizer, rows, settings, rewards, seed=ctx.seed,
                                      log=ctx.log, where=ctx.where)
     write_samples(ctx.stage_dir / "samples.jsonl", records)

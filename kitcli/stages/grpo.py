@@ -23,17 +23,17 @@ each group's: `train: {scale_rewards: batch}` on any variant.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-from kitcli.backend import cuda_available, load_policy, save_model
+from kitcli.backend import cuda_available, load_stage_policy, save_model
 from kitcli.data import read_rows, to_dataset
 from kitcli.errors import KitError, did_you_mean
 from kitcli.progress import attach_progress, read_metrics
+from kitcli.checkpoints import train
 from kitcli.runner import StageContext, resume_checkpoint
-from kitcli.trl_config import build_config, config_dict, explicit_values
+from kitcli.trl_config import COMMON_DEFAULTS, build_config, config_dict, explicit_values
 
 # The fields each preset sets; every variant sets all of them, so switching variants never inherits a default.
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -127,6 +127,31 @@ def check_group_sizes(values: dict[str, Any], where: str) -> None:
                        f"{batch} completions ({source}); use num_generations {', '.join(map(str, fits)) or 'none'}, "
                        f"or make the generation batch a multiple of {num_generations} "
                        f"(e.g. train.generation_batch_size: {multiple})")
+
+
+def generation_cycle(values: dict[str, Any]) -> int:
+    """Optimizer steps between two generation batches that start at an optimizer-step boundary. TRL generates
+    every steps_per_generation x num_iterations micro-batches and keeps the completions in memory (not in a
+    checkpoint), so only a checkpoint at a multiple of this resumes exactly."""
+    accumulation = values["gradient_accumulation_steps"]
+    if values.get("generation_batch_size") is not None:
+        per_generation = values["generation_batch_size"] // values["per_device_train_batch_size"]
+    else:
+        per_generation = values["steps_per_generation"]
+    micro = per_generation * values["num_iterations"]
+    return micro * accumulation // math.gcd(micro, accumulation) // accumulation
+
+
+def check_save_steps(values: dict[str, Any], where: str) -> None:
+    cycle = generation_cycle(values)
+    save_steps = values.get("save_steps")
+    if values.get("save_strategy", "steps") == "steps" and isinstance(save_steps, int) and save_steps % cycle:
+        lower = save_steps - save_steps % cycle
+        options = " or ".join(str(n) for n in (lower, lower + cycle) if n > 0)
+        raise KitError(f"{where}: train.save_steps {save_steps} is not a multiple of {cycle}, the optimizer steps "
+                       f"between two generation batches (steps_per_generation x num_iterations / "
+                       f"gradient_accumulation_steps); a checkpoint inside a generation batch could not resume "
+                       f"exactly; use save_steps {options}")
 
 
 def check_references(ctx: StageContext) -> None:
@@ -234,14 +259,19 @@ def resolved_defaults(ctx: StageContext, preset: dict[str, Any], rewards) -> dic
                            f"generates with transformers)")
     defaults = stage_defaults(ctx, preset)
     defaults["reward_weights"] = reward_weights(ctx, rewards)
-    check_group_sizes({**defaults, **train}, ctx.where)
+    values = {**COMMON_DEFAULTS, **defaults, **train}
+    check_group_sizes(values, ctx.where)
+    if "save_steps" not in train:  # the kit's default, rounded up to a whole number of generation batches
+        cycle = generation_cycle(values)
+        defaults["save_steps"] = values["save_steps"] = -(-values["save_steps"] // cycle) * cycle
+    check_save_steps(values, ctx.where)
     return defaults
 
 
 def make_config(ctx: StageContext, defaults: dict[str, Any]):
-    from trl import GRPOConfig
+    from kitcli.trainers import config_class
 
-    return build_config(GRPOConfig, stage_defaults=defaults, train=ctx.stage.get("train", {}), where=ctx.where,
+    return build_config(config_class("grpo"), stage_defaults=defaults, train=ctx.stage.get("train", {}), where=ctx.where,
                         output_dir=ctx.stage_dir / "checkpoints", seed=ctx.seed, on_gpu=cuda_available())
 
 
@@ -295,23 +325,19 @@ def make_reward_metrics_callback(stats):
     return RewardMetrics()
 
 
-def build_trainer(ctx: StageContext, preset: dict[str, Any]):
+def build_trainer(ctx: StageContext, preset: dict[str, Any], config=None):
     """Load the policy, the rewards and the data, and build the GRPOTrainer the stage trains with.
     Returns (trainer, loaded policy, config)."""
+    from kitcli.trainers import build_trainer as build
     from rewards.guard import RewardStats, guard_rewards
 
     check_references(ctx)
     rows = load_rows(ctx)
     rewards = load_reward_functions(ctx)
     defaults = resolved_defaults(ctx, preset, rewards)
-    loaded = load_policy(
-        ctx.model["name"], max_seq_length=ctx.model["max_seq_length"], load_in_4bit=ctx.model["load_in_4bit"],
-        lora=ctx.recipe.data["lora"], backend=ctx.model["backend"], dtype=ctx.model["dtype"], seed=ctx.seed,
-        init_from=ctx.init_dir, trust_remote_code=ctx.model["trust_remote_code"], log=ctx.log,
-    )
-    from trl import GRPOTrainer
-
-    config = make_config(ctx, defaults)
+    config = config or make_config(ctx, defaults)
+    loaded = load_stage_policy(ctx.model, lora=ctx.recipe.data["lora"], seed=ctx.seed, init_from=ctx.init_dir,
+                               log=ctx.log)
     stats = RewardStats()
     reward_funcs: list[Any] = guard_rewards(rewards, stats)
     processing: list[Any] = [None] * len(reward_funcs)
@@ -319,27 +345,11 @@ def build_trainer(ctx: StageContext, preset: dict[str, Any]):
         model, tokenizer = load_reward_scorer(ctx)
         reward_funcs.append(model)
         processing.append(tokenizer)
-    adapter = adapter_snapshot(loaded.model, loaded.dtype)
-    trainer = GRPOTrainer(model=loaded.model, reward_funcs=reward_funcs, args=config, train_dataset=to_dataset(rows),
-                          processing_class=loaded.tokenizer, reward_processing_classes=processing)
-    restore_adapter(trainer.model, adapter)
+    trainer, _ = build("grpo", loaded, args=config, reference=config.beta != 0.0, reward_funcs=reward_funcs,
+                       train_dataset=to_dataset(rows), processing_class=loaded.tokenizer,
+                       reward_processing_classes=processing, log=ctx.log, label=ctx.name)
     trainer.add_callback(make_reward_metrics_callback(stats))
     return trainer, loaded, config
-
-
-def adapter_snapshot(model, dtype: str) -> dict[str, Any]:
-    """The trainable weights of a float32 run, to undo GRPOTrainer's cast of a 4-bit model's LoRA weights to
-    bfloat16 (the QLoRA recipe for bf16 GPUs): on CPU it would change the weights `init:` passed on and then lose
-    AdamW steps of ~1e-4 in bf16's 8-bit mantissa."""
-    if dtype != "float32":
-        return {}
-    return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
-
-
-def restore_adapter(model, snapshot: dict[str, Any]) -> None:
-    for name, parameter in model.named_parameters():
-        if name in snapshot and parameter.dtype != snapshot[name].dtype:
-            parameter.data = snapshot[name]
 
 
 def window_mean(values: list[float], first: bool) -> float | None:
@@ -352,13 +362,14 @@ def window_mean(values: list[float], first: bool) -> float | None:
 
 
 def train_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    trainer, loaded, config = build_trainer(ctx, preset)
-    (ctx.stage_dir / "config.json").write_text(json.dumps(config_dict(config), indent=2))
+    check_references(ctx)
+    config = make_config(ctx, resolved_defaults(ctx, preset, load_reward_functions(ctx)))
     metrics_path = ctx.stage_dir / "metrics.jsonl"
-    attach_progress(trainer, ctx.name, metrics_path, ctx.console)
-    resume = resume_checkpoint(ctx, metrics_path)
+    resume = resume_checkpoint(ctx, metrics_path, config_dict(config))
+    trainer, loaded, config = build_trainer(ctx, preset, config)
+    attach_progress(trainer, ctx.name, metrics_path, ctx.console, stop_every=generation_cycle(vars(config)))
     try:
-        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+        train(trainer, resume, ctx.where)
     except KitError as error:  # a reward failed: say which stage, keep the checkpoints
         raise KitError(f"{ctx.where}: {error.message}") from None
     model = loaded.model

@@ -35,16 +35,18 @@ from pathlib import Path
 from typing import Any
 
 from kitcli import interrupt
-from kitcli.backend import cuda_available, load_policy, resolve_model_path, save_model
+from kitcli.backend import cuda_available, load_stage_policy, resolve_model_path, save_model
 from kitcli.data import read_rows, require_columns
 from kitcli.errors import KitError, did_you_mean
-from kitcli.progress import StageDashboard, read_metrics, truncate_metrics
-from kitcli.runner import StageContext, last_checkpoint
+from kitcli.progress import StageDashboard, read_metrics
+from kitcli.runner import StageContext, resume_checkpoint
 from kitcli.trl_config import build_config
 
 POLICY_STAGES = ("sft", "dpo", "grpo", "gspo", "ppo")
 POLICY, REFERENCE, CRITIC, REWARD = "default", "reference", "critic", "reward"
 REWARD_ARGS = {"prompts", "completions", "completion_ids", "kwargs"}
+CHECKPOINT_FILES = ["policy_adapter.safetensors", "critic_adapter.safetensors", "value_head.safetensors",
+                    "optimizer.pt", "rng.pt", "trainer_state.json"]
 
 
 # --- configuration ----------------------------------------------------------------------------------------------
@@ -398,11 +400,8 @@ def setup_models(ctx: StageContext, config: PPOConfig) -> PPOModels:
 
     from kitcli.backend import attach_reward_adapter, load_seq_cls_scorer
 
-    loaded = load_policy(
-        ctx.model["name"], max_seq_length=ctx.model["max_seq_length"], load_in_4bit=ctx.model["load_in_4bit"],
-        lora=ctx.recipe.data["lora"], backend=ctx.model["backend"], dtype=ctx.model["dtype"], seed=ctx.seed,
-        init_from=ctx.init_dir, trust_remote_code=ctx.model["trust_remote_code"], log=ctx.log,
-    )
+    loaded = load_stage_policy(ctx.model, lora=ctx.recipe.data["lora"], seed=ctx.seed, init_from=ctx.init_dir,
+                               log=ctx.log)
     model, tokenizer = loaded.model, loaded.tokenizer
     if not hasattr(model, "peft_config"):
         raise KitError(f"{ctx.where}: PPO trains LoRA adapters on one shared base; full fine-tuning (lora: false, or "
@@ -794,13 +793,13 @@ def save_checkpoint(ctx: StageContext, models: PPOModels, optimizer, scheduler, 
 def load_checkpoint(checkpoint: Path, models: PPOModels, optimizer, scheduler, kl_ctl) -> int:
     import numpy as np
     import torch
-    from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    set_peft_model_state_dict(models.model, load_file(str(checkpoint / "policy_adapter.safetensors")),
-                              adapter_name=POLICY)
-    set_peft_model_state_dict(models.model, load_file(str(checkpoint / "critic_adapter.safetensors")),
-                              adapter_name=CRITIC)
+    from kitcli.checkpoints import load_into
+
+    where = f"stage checkpoint {checkpoint}"
+    load_into(models.model, load_file(str(checkpoint / "policy_adapter.safetensors")), POLICY, where)
+    load_into(models.model, load_file(str(checkpoint / "critic_adapter.safetensors")), CRITIC, where)
     models.value_head.load_state_dict(load_file(str(checkpoint / "value_head.safetensors")))
     state = torch.load(checkpoint / "optimizer.pt", weights_only=False)
     optimizer.load_state_dict(state["optimizer"])
@@ -894,7 +893,7 @@ def rollout_samples(rows, rollout: Rollout) -> list[dict[str, Any]]:
 
 
 def train(ctx: StageContext, config: PPOConfig, models: PPOModels, rows, reward_fns, rewards,
-          eval_rows=None) -> dict[str, Any]:
+          eval_rows=None, resume: Path | None = None) -> dict[str, Any]:
     """The PPO loop from the last checkpoint (if any) to the last step, or until a stop is requested (then a
     checkpoint is saved); returns figures for the summary."""
     from transformers import set_seed
@@ -907,12 +906,9 @@ def train(ctx: StageContext, config: PPOConfig, models: PPOModels, rows, reward_
     kl_ctl = KLController(config.kl_coef, config.adaptive_kl_ctrl, config.kl_target, config.kl_horizon)
     set_seed(config.seed)
     metrics_path = ctx.stage_dir / "metrics.jsonl"
-    resume = last_checkpoint(ctx.stage_dir)
     step = 0
     if resume is not None:
         step = load_checkpoint(resume, models, optimizer, scheduler, kl_ctl)
-        truncate_metrics(metrics_path, step)
-        ctx.log(f"resuming {ctx.name} from {resume.name} (step {step})")
     else:
         metrics_path.unlink(missing_ok=True)
     dashboard = StageDashboard(ctx.name, metrics_path, ctx.console, stage_type="ppo")
@@ -969,6 +965,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     if len(rows) < config.per_device_train_batch_size:
         raise KitError(f"{ctx.where}: data has {len(rows)} prompts, fewer than train.per_device_train_batch_size "
                        f"{config.per_device_train_batch_size}; lower it or give more prompts")
+    resume = resume_checkpoint(ctx, ctx.stage_dir / "metrics.jsonl", dataclasses.asdict(config), CHECKPOINT_FILES)
     models = setup_models(ctx, config)
     if models.reward_model is not None:
         check_reward_tokenizer(ctx, models.tokenizer, models.reward_model.tokenizer,
@@ -977,8 +974,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     if eval_rows:
         check_prompt_lengths(ctx, models.tokenizer, eval_rows, config, "eval_data")
     reward_fns = guard_rewards(rewards, RewardStats())
-    (ctx.stage_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
-    result = train(ctx, config, models, rows, reward_fns, rewards, eval_rows)
+    result = train(ctx, config, models, rows, reward_fns, rewards, eval_rows, resume)
     if interrupt.requested():
         return result  # the runner reports the stop; the checkpoint resumes it
     save_critic(models, ctx.stage_dir)

@@ -21,7 +21,6 @@ the decoder under the same parameter names, so the adapter fits); the score head
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
@@ -30,8 +29,9 @@ from kitcli.backend import (cuda_available, load_reward_model, resolve_model_pat
                             save_model)
 from kitcli.data import read_rows, require_columns, to_dataset
 from kitcli.errors import KitError
-from kitcli.progress import attach_progress, read_metrics, truncate_metrics
-from kitcli.runner import StageContext, last_checkpoint
+from kitcli.checkpoints import train
+from kitcli.progress import attach_progress, read_metrics
+from kitcli.runner import StageContext, resume_checkpoint
 from kitcli.trl_config import build_config, config_dict, explicit_values
 
 PAIR_COLUMNS = ["chosen", "rejected"]
@@ -185,9 +185,9 @@ def stage_defaults(ctx: StageContext) -> dict[str, Any]:
 
 
 def make_config(ctx: StageContext):
-    from trl import RewardConfig
+    from kitcli.trainers import config_class
 
-    return build_config(RewardConfig, stage_defaults=stage_defaults(ctx), train=ctx.stage.get("train", {}),
+    return build_config(config_class("reward"), stage_defaults=stage_defaults(ctx), train=ctx.stage.get("train", {}),
                         where=ctx.where, output_dir=ctx.stage_dir / "checkpoints", seed=ctx.seed,
                         on_gpu=cuda_available())
 
@@ -209,21 +209,21 @@ def reward_base(ctx: StageContext) -> str:
     return resolve_model_path(ctx.model["name"], ctx.seed)
 
 
-def build_trainer(ctx: StageContext):
+def build_trainer(ctx: StageContext, config=None):
     """The RewardTrainer this stage trains with (and the loaded model), before any step is taken."""
+    from kitcli.trainers import build_trainer as build
+
     check_init(ctx, INIT_TYPES, "a reward model starts from a policy or another reward model")
     train_rows, eval_rows = train_eval_rows(ctx)
+    config = config or make_config(ctx)
     loaded = load_reward_model(
         ctx.model["name"], max_seq_length=ctx.model["max_seq_length"], load_in_4bit=ctx.model["load_in_4bit"],
         lora=ctx.recipe.data["lora"], backend=ctx.model["backend"], dtype=ctx.model["dtype"], seed=ctx.seed,
         init_from=ctx.init_dir, trust_remote_code=ctx.model["trust_remote_code"], log=ctx.log,
     )
-    from trl import RewardTrainer
-
-    config = make_config(ctx)
-    trainer = RewardTrainer(model=loaded.model, args=config, train_dataset=to_dataset(train_rows),
-                            eval_dataset=to_dataset(eval_rows) if eval_rows else None,
-                            processing_class=loaded.tokenizer)
+    trainer, _ = build("reward", loaded, args=config, train_dataset=to_dataset(train_rows),
+                       eval_dataset=to_dataset(eval_rows) if eval_rows else None, processing_class=loaded.tokenizer,
+                       log=ctx.log, label=ctx.name)
     dropped = len(train_rows) - len(trainer.train_dataset)
     if dropped:
         ctx.log(f"{ctx.name}: {dropped} of {len(train_rows)} training pairs are longer than max_length "
@@ -239,19 +239,18 @@ def eval_figures(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
-    trainer, loaded = build_trainer(ctx)
-    (ctx.stage_dir / "config.json").write_text(json.dumps(config_dict(trainer.args), indent=2))
+    config = make_config(ctx)
     metrics_path = ctx.stage_dir / "metrics.jsonl"
+    resume = resume_checkpoint(ctx, metrics_path, config_dict(config))
+    trainer, loaded = build_trainer(ctx, config)
     attach_progress(trainer, ctx.name, metrics_path, ctx.console)
-    resume = last_checkpoint(ctx.stage_dir)
     before = None
-    if resume is not None:
-        step = int(resume.name.split("-")[-1])
-        truncate_metrics(metrics_path, step)
-        ctx.log(f"resuming {ctx.name} from {resume.name} (step {step})")
-    elif trainer.eval_dataset is not None:
+    if resume is None and trainer.eval_dataset is not None:
         before = eval_figures(trainer.evaluate())
-    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    elif resume is not None:  # the evaluation before training was logged at step 0 of the interrupted run
+        before = next((eval_figures(r) for r in read_metrics(metrics_path) if r.get("step") == 0 and "eval_loss" in r),
+                      None)
+    train(trainer, resume, ctx.where)
     after = eval_figures(final_evaluation(trainer, metrics_path)) if trainer.eval_dataset is not None else None
     save_model(loaded.model, loaded.tokenizer, ctx.stage_dir)
     save_merged_reward_model(ctx.stage_dir, base=reward_base(ctx), dtype=ctx.model["dtype"],

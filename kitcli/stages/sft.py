@@ -6,13 +6,14 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from kitcli.backend import cuda_available, load_policy, save_model
+from kitcli.backend import cuda_available, load_stage_policy, save_model
 from kitcli.data import read_rows, require_columns, to_dataset
 from kitcli.progress import attach_progress, read_metrics
+from kitcli.checkpoints import train
 from kitcli.runner import StageContext, resume_checkpoint
+from kitcli.trainers import build_trainer
 from kitcli.trl_config import build_config, config_dict, explicit_values
 
 COLUMN_OPTIONS = [["prompt", "completion"], ["messages"], ["text"]]
@@ -30,9 +31,9 @@ def stage_defaults(ctx: StageContext) -> dict[str, Any]:
 
 
 def make_config(ctx: StageContext):
-    from trl import SFTConfig
+    from kitcli.trainers import config_class
 
-    return build_config(SFTConfig, stage_defaults=stage_defaults(ctx), train=ctx.stage.get("train", {}),
+    return build_config(config_class("sft"), stage_defaults=stage_defaults(ctx), train=ctx.stage.get("train", {}),
                         where=ctx.where, output_dir=ctx.stage_dir / "checkpoints", seed=ctx.seed,
                         on_gpu=cuda_available())
 
@@ -56,21 +57,15 @@ def describe(ctx: StageContext) -> dict[str, Any]:
 
 def run(ctx: StageContext) -> dict[str, Any]:
     rows = load_rows(ctx)
-    loaded = load_policy(
-        ctx.model["name"], max_seq_length=ctx.model["max_seq_length"], load_in_4bit=ctx.model["load_in_4bit"],
-        lora=ctx.recipe.data["lora"], backend=ctx.model["backend"], dtype=ctx.model["dtype"], seed=ctx.seed,
-        init_from=ctx.init_dir, trust_remote_code=ctx.model["trust_remote_code"], log=ctx.log,
-    )
-    from trl import SFTTrainer
-
     config = make_config(ctx)
-    (ctx.stage_dir / "config.json").write_text(json.dumps(config_dict(config), indent=2))
-    trainer = SFTTrainer(model=loaded.model, args=config, train_dataset=to_dataset(rows),
-                         processing_class=loaded.tokenizer)
     metrics_path = ctx.stage_dir / "metrics.jsonl"
+    resume = resume_checkpoint(ctx, metrics_path, config_dict(config))
+    loaded = load_stage_policy(ctx.model, lora=ctx.recipe.data["lora"], seed=ctx.seed, init_from=ctx.init_dir,
+                               log=ctx.log)
+    trainer, _ = build_trainer("sft", loaded, args=config, train_dataset=to_dataset(rows),
+                            processing_class=loaded.tokenizer, log=ctx.log, label=ctx.name)
     attach_progress(trainer, ctx.name, metrics_path, ctx.console)
-    resume = resume_checkpoint(ctx, metrics_path)
-    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    train(trainer, resume, ctx.where)
     save_model(loaded.model, loaded.tokenizer, ctx.stage_dir)
     losses = [row["loss"] for row in read_metrics(metrics_path) if "loss" in row]
     summary = {"steps": trainer.state.global_step, "resumed_from": resume.name if resume else None,
