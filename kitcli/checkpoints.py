@@ -96,9 +96,15 @@ def check_files(checkpoint: Path, required: list[str]) -> None:
                            f"{way_out(checkpoint.parent.parent, checkpoint)}")
 
 
-def trainer_files(checkpoint: Path) -> list[str]:
-    """What a transformers Trainer checkpoint must hold: the weights (an adapter or a full model), optimizer,
-    scheduler, RNG states and the trainer state."""
+# What a checkpoint must hold, by stage type: transformers' Trainer writes the weights (an adapter or a full
+# model), optimizer, scheduler, RNG states and trainer state; the PPO loop writes its own set.
+PPO_FILES = ["policy_adapter.safetensors", "critic_adapter.safetensors", "value_head.safetensors", "optimizer.pt",
+             "rng.pt", "trainer_state.json"]
+
+
+def required_files(stage_type: str, checkpoint: Path) -> list[str]:
+    if stage_type == "ppo":
+        return PPO_FILES
     weights = ADAPTER_FILE if (checkpoint / "adapter_config.json").exists() else "model.safetensors"
     return [weights, "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"]
 
@@ -161,14 +167,14 @@ def check_lora_shape(checkpoint: Path, lora: dict[str, Any] | None, where: str) 
                            f"{way_out(checkpoint.parent.parent, checkpoint)}")
 
 
-def check_resumable(stage_dir: Path, settings: dict[str, Any], lora: dict[str, Any] | None, where: str,
-                    required: list[str] | None = None) -> Path | None:
+def check_resumable(stage_dir: Path, stage_type: str, settings: dict[str, Any], lora: dict[str, Any] | None,
+                    where: str) -> Path | None:
     """The checkpoint a stage will resume from, after checking it is whole and was written with these settings
     and LoRA shapes; None when there is none. Raises KitError (nothing is changed) when it cannot resume."""
     checkpoint = last_checkpoint(stage_dir)
     if checkpoint is None:
         return None
-    check_files(checkpoint, required if required is not None else trainer_files(checkpoint))
+    check_files(checkpoint, required_files(stage_type, checkpoint))
     check_settings(stage_dir, checkpoint, settings, where)
     check_lora_shape(checkpoint, lora, where)
     return checkpoint
@@ -238,9 +244,32 @@ def make_weights_check(checkpoint: Path, where: str):
     return ResumedWeightsCheck()
 
 
+COUNTERS = "KitCounters"
+
+
+def make_counters_callback(trainer):
+    """TRL's running counts the Trainer does not checkpoint (SFT/DPO/reward's token count, logged as num_tokens):
+    saved in every checkpoint's trainer_state.json (transformers' ExportableState) and put back on resume."""
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import ExportableState
+
+    class KitCounters(TrainerCallback, ExportableState):
+        def state(self) -> dict:
+            return {"args": {}, "attributes": {"total_train_tokens": getattr(trainer, "_total_train_tokens", 0)}}
+
+    return KitCounters()
+
+
+def restore_counters(trainer, checkpoint: Path) -> None:
+    saved = json.loads((checkpoint / "trainer_state.json").read_text()).get("stateful_callbacks", {}).get(COUNTERS)
+    if saved and hasattr(trainer, "_total_train_tokens"):
+        trainer._total_train_tokens = saved["attributes"]["total_train_tokens"]
+
+
 def train(trainer, checkpoint: Path | None, where: str) -> None:
-    """trainer.train(), from `checkpoint` when given: the kit restores the weights (every adapter, in place), the
-    Trainer the optimizer, scheduler, RNG states and data position."""
+    """trainer.train(), from `checkpoint` when given: the kit restores the weights (every adapter, in place) and
+    TRL's running counts, the Trainer the optimizer, scheduler, RNG states and data position."""
+    trainer.add_callback(make_counters_callback(trainer))
     if checkpoint is None:
         trainer.train()
         return
@@ -249,4 +278,5 @@ def train(trainer, checkpoint: Path | None, where: str) -> None:
         restore_adapters(model, checkpoint, where)
         trainer._load_from_checkpoint = lambda *args, **kwargs: None  # weights restored above
         trainer.add_callback(make_weights_check(checkpoint, where))
+    restore_counters(trainer, checkpoint)
     trainer.train(resume_from_checkpoint=str(checkpoint))

@@ -360,6 +360,8 @@ def write_report(run_dir: Path) -> Path:
         lines += [f"## Stage {record.index}: {record.name} ({record.type})", ""]
         if record.status != "done":
             lines += [f"Status: {record.status}.", ""]
+        if (record.done or {}).get("resumed"):
+            lines += [f"Interrupted and {record.done['resumed']}.", ""]
         if record.type == "eval":
             lines += eval_section(record)
             continue

@@ -189,15 +189,14 @@ def stage_lora(ctx: StageContext) -> dict[str, Any] | None:
     return ctx.recipe.data["lora"]
 
 
-def resume_checkpoint(ctx: StageContext, metrics_path: Path, settings: dict[str, Any],
-                      required: list[str] | None = None) -> Path | None:
+def resume_checkpoint(ctx: StageContext, metrics_path: Path, settings: dict[str, Any]) -> Path | None:
     """The stage's last checkpoint, checked (whole, same settings and LoRA shapes) before anything trains; then
     the stage's config.json records `settings` and its metrics are cut back to the checkpoint's step (they will
     be logged again)."""
     from kitcli.checkpoints import check_resumable, step_of
     from kitcli.progress import truncate_metrics
 
-    resume = check_resumable(ctx.stage_dir, settings, stage_lora(ctx), ctx.where, required)
+    resume = check_resumable(ctx.stage_dir, ctx.stage["type"], settings, stage_lora(ctx), ctx.where)
     write_atomic(ctx.stage_dir / "config.json", json.dumps(settings, indent=2, default=str))
     if resume is not None:
         step = step_of(resume)
@@ -205,6 +204,48 @@ def resume_checkpoint(ctx: StageContext, metrics_path: Path, settings: dict[str,
         ctx.log(f"resuming {ctx.name} from {resume.name} (step {step}): weights, optimizer, scheduler and RNG "
                 f"state restored")
     return resume
+
+
+def resumed_note(checkpoint: str, stage_type: str) -> str:
+    """What a resumed stage restored, for its DONE summary and the report."""
+    restored = ("the policy and critic adapters, the value head, the optimizer, the scheduler, the KL coefficient "
+                "and the RNG states (the data position follows from the step)") if stage_type == "ppo" else \
+        "every adapter's weights, the optimizer, the scheduler, the RNG states and the data position"
+    return f"resumed from {checkpoint} (step {checkpoint.rsplit('-', 1)[-1]}): restored {restored}"
+
+
+def same_resolution(existing: dict[str, Any], lock: dict[str, Any]) -> bool:
+    """The existing lock already records this run (recipe, data, resolved stages, versions): leave it as it is."""
+    return all(existing.get(key) == lock.get(key) for key in ("recipe", "datasets", "resolved", "versions"))
+
+
+def check_resumable_stages(recipe: Recipe, run_dir: Path, existing: dict[str, Any], lock: dict[str, Any],
+                           console: Console) -> None:
+    """Before anything runs: every unfinished stage with a checkpoint must be able to resume it faithfully (whole
+    files, the settings and LoRA shapes it was written with)."""
+    from kitcli.checkpoints import check_files, check_lora_shape, last_checkpoint, required_files, way_out
+
+    outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
+    for stage in recipe.stages:
+        ctx = StageContext(recipe, stage, run_dir, console, outputs)
+        checkpoint = last_checkpoint(ctx.stage_dir)
+        if checkpoint is None or stage_done(ctx.stage_dir) is not None:
+            continue
+        check_files(checkpoint, required_files(stage["type"], checkpoint))
+        before = (existing.get("resolved") or {}).get(ctx.name)
+        now = lock["resolved"][ctx.name]
+        differs = first_difference(before, now) if before is not None else None
+        if differs:
+            raise KitError(f"{ctx.where}: {checkpoint.name} was written with other settings ({differs} was "
+                           f"{lookup(before, differs)!r}, now {lookup(now, differs)!r}), so resuming would not "
+                           f"continue the same run; {way_out(ctx.stage_dir, checkpoint)}")
+        check_lora_shape(checkpoint, stage_lora(ctx), ctx.where)
+
+
+def lookup(tree: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
 
 
 def stage_done(stage_dir: Path) -> dict[str, Any] | None:
@@ -253,10 +294,13 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
             if differs and not force:
                 raise KitError(f"{run_dir} holds a run of a different recipe ({differs} differs); use another "
                                f"--output, or --force to redo it with this recipe")
+            if not force:
+                check_resumable_stages(recipe, run_dir, existing, lock, console)
         elif run_dir.exists() and any(run_dir.iterdir()) and not force:
             raise KitError(f"{run_dir} exists and is not a kit run directory; choose another --output")
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(run_dir / LOCK_NAME, yaml.safe_dump(lock, sort_keys=False))
+        if existing is None or force or not same_resolution(existing, lock):
+            write_atomic(run_dir / LOCK_NAME, yaml.safe_dump(lock, sort_keys=False))
     launch.barrier()
     console.print(f"run directory: {run_dir}", highlight=False, markup=False)
     if recipe.data["model"].get("trust_remote_code"):
@@ -290,6 +334,8 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
         with stage_display(index, total, stage["type"]):
             summary = run_stage(ctx)
         summary = {**summary, "seconds": round(time.time() - started, 2), **peak_gpu_memory()}
+        if summary.get("resumed_from"):
+            summary["resumed"] = resumed_note(summary["resumed_from"], stage["type"])
         if main:
             write_atomic(ctx.stage_dir / DONE_NAME, json.dumps(summary, indent=2, default=str))
         launch.barrier()

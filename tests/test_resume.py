@@ -1,57 +1,300 @@
-"""Interrupted work resumes: kill -9 a real `kit run` mid-stage, run it again, it finishes from the checkpoint
-and does not redo the finished stage."""
+"""Interrupted work resumes exactly: every trainer stage, killed (SIGKILL) right after a mid-stage checkpoint of a
+real `kit run` and run again, ends with the same adapter and the same logged metrics as an uninterrupted run of
+the same recipe (training on this CPU is deterministic, so the comparison is exact up to float noise). Also after
+SIGINT and SIGTERM (a clean stop that saves a checkpoint) and after two interruptions in a row; a checkpoint that
+cannot resume faithfully is refused.
+
+Each uninterrupted run happens once per stage type (in-process, through the CLI); the interrupted runs are
+subprocesses, and their resumes run in-process."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from helpers import DATA, done, metrics, write_recipe
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers import DATA, done, metrics, run_cli, snapshot, write_recipe
+
+PROMPTS = str(DATA / "arithmetic_prompts.jsonl")
+PREFS = {"path": str(DATA / "arithmetic_prefs.jsonl"), "limit": 160}
+INIT = {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),
+        "train": {"max_steps": 2, "per_device_train_batch_size": 8, "learning_rate": 2e-3, "logging_steps": 1}}
+STEPS = 8
+# The stage under test, named "x", starting from the SFT stage (so DPO, GRPO and PPO have a reference to keep).
+STAGES = {
+    "sft": {"type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),
+            "train": {"per_device_train_batch_size": 8, "learning_rate": 1e-3}},
+    "reward": {"type": "reward", "data": PREFS, "eval_fraction": 0.1,
+               "train": {"per_device_train_batch_size": 8, "learning_rate": 1e-3, "eval_steps": 4}},
+    "dpo": {"type": "dpo", "data": PREFS, "eval_fraction": 0, "train": {"per_device_train_batch_size": 8,
+                                                                         "learning_rate": 1e-3}},
+    "grpo": {"type": "grpo", "variant": "grpo", "data": PROMPTS, "rewards": ["exact_match", "varied.py:varied"],
+             "train": {"per_device_train_batch_size": 16, "num_generations": 4, "max_completion_length": 4,
+                       "temperature": 1.0, "learning_rate": 1e-3}},
+    "gspo": {"type": "gspo", "data": PROMPTS, "rewards": ["exact_match", "varied.py:varied"],
+             "train": {"per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 4,
+                       "temperature": 1.0, "learning_rate": 1e-3, "save_steps": 4}},
+    "ppo": {"type": "ppo", "data": PROMPTS, "rewards": ["exact_match", "varied.py:varied"],
+            "train": {"per_device_train_batch_size": 8, "num_mini_batches": 2, "num_ppo_epochs": 2,
+                      "response_length": 4, "learning_rate": 1e-3}},
+}
+VARIED = """
+def varied(prompts, completions, **kwargs):  # a dense reward, so every group has a spread
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [(sum(map(ord, t)) % 10) / 10 for t in texts]
+"""
+# Logged values that depend on the wall clock or on what one process did, not on the training.
+NOT_COMPARED = ("time", "runtime", "per_second", "seconds", "step_time", "train_loss", "epoch")
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
-def kit(*args):
+def stage(stage_type: str) -> dict:
+    spec = json.loads(json.dumps(STAGES[stage_type]))
+    spec["train"] = {"max_steps": STEPS, "logging_steps": 1, "save_steps": 2, **spec["train"]}
+    return {"name": "x", "init": "sft", **spec}
+
+
+def make_recipe(root: Path, stage_type: str) -> Path:
+    (root / "varied.py").write_text(VARIED)
+    return write_recipe(root / "r.yaml", [INIT, stage(stage_type)])
+
+
+_uninterrupted: dict[str, Path] = {}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, tiny_model_dir):
+    """stage type -> the run directory of one uninterrupted run of its recipe."""
+    def get(stage_type: str) -> Path:
+        if stage_type not in _uninterrupted:
+            root = tmp_path_factory.mktemp(f"whole-{stage_type}")
+            run_cli("run", make_recipe(root, stage_type), "--output", root / "run")
+            _uninterrupted[stage_type] = root / "run"
+        return _uninterrupted[stage_type]
+    return get
+
+
+def kit(*args) -> list[str]:
     return [sys.executable, "-m", "kitcli", *map(str, args)]
 
 
-def test_kill_mid_stage_then_resume(in_tmp, tiny_model_dir):
-    train = {"learning_rate": 1e-3, "per_device_train_batch_size": 8, "logging_steps": 5}
-    stages = [
-        {"name": "first", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"), "train": {**train, "max_steps": 3}},
-        {"name": "second", "type": "sft", "init": "first", "data": str(DATA / "arithmetic_sft.jsonl"),
-         "train": {**train, "max_steps": 60, "save_steps": 10}},
-    ]
-    recipe = write_recipe(in_tmp / "r.yaml", stages)
-    run_dir = in_tmp / "run"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    log = open(in_tmp / "first.log", "w")
-    process = subprocess.Popen(kit("run", recipe, "--output", run_dir), stdout=log, stderr=subprocess.STDOUT,
-                               env=env, start_new_session=True)
-    checkpoint = run_dir / "second" / "checkpoints" / "checkpoint-20" / "trainer_state.json"
+def start(recipe: Path, run_dir: Path, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(kit("run", recipe, "--output", run_dir), stdout=open(log, "a"), stderr=subprocess.STDOUT,
+                            env=ENV, start_new_session=True)
+
+
+def wait_for_checkpoint(process: subprocess.Popen, stage_dir: Path, step: int, log: Path) -> None:
+    marker = stage_dir / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json"
     deadline = time.time() + 240
-    while not checkpoint.exists():
-        assert process.poll() is None, (in_tmp / "first.log").read_text()
+    while not marker.exists():
+        assert process.poll() is None, log.read_text()[-3000:]
         assert time.time() < deadline, "no checkpoint appeared"
-        time.sleep(0.2)
+        time.sleep(0.02)
+
+
+def kill_after_checkpoint(recipe: Path, run_dir: Path, step: int) -> None:
+    log = run_dir.parent / "killed.log"
+    process = start(recipe, run_dir, log)
+    wait_for_checkpoint(process, run_dir / "x", step, log)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-    assert not (run_dir / "second" / "DONE").exists()
-    first_done = (run_dir / "first" / "DONE").read_bytes()
-    first_adapter = (run_dir / "first" / "adapter" / "adapter_model.safetensors").read_bytes()
+    assert not (run_dir / "x" / "DONE").exists(), "the stage finished before the kill"
 
-    result = subprocess.run(kit("run", recipe, "--output", run_dir), capture_output=True, text=True, env=env,
-                            timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "stage 1/2 first (sft): finished earlier, skipping" in result.stdout
-    resumed = [line for line in result.stdout.splitlines() if line.startswith("resuming second from checkpoint-")]
-    assert resumed, result.stdout
-    step = int(resumed[0].split("checkpoint-")[1].split()[0])
-    assert step >= 20
-    assert done(run_dir / "second")["steps"] == 60
-    assert done(run_dir / "second")["resumed_from"] == f"checkpoint-{step}"
-    assert (run_dir / "first" / "DONE").read_bytes() == first_done
-    assert (run_dir / "first" / "adapter" / "adapter_model.safetensors").read_bytes() == first_adapter
-    steps = [row["step"] for row in metrics(run_dir / "second") if "loss" in row]
-    assert steps == sorted(set(steps)) and steps[-1] == 60  # no step logged twice after the resume
+
+def weight_files(stage_dir: Path) -> dict[str, dict[str, torch.Tensor]]:
+    files = {"adapter": stage_dir / "adapter" / "adapter_model.safetensors"}
+    if (stage_dir / "critic").is_dir():  # PPO's critic: its adapter and value head
+        files["critic"] = stage_dir / "critic" / "adapter_model.safetensors"
+        files["value_head"] = stage_dir / "critic" / "value_head.safetensors"
+    return {name: load_file(str(path)) for name, path in files.items()}
+
+
+def assert_same_weights(resumed: Path, whole: Path) -> None:
+    a, b = weight_files(resumed), weight_files(whole)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name].keys() == b[name].keys()
+        for key in a[name]:
+            difference = (a[name][key].float() - b[name][key].float()).abs().max().item()
+            assert difference <= 1e-6, f"{name} {key} differs by {difference} from the uninterrupted run"
+
+
+def training_rows(stage_dir: Path) -> dict[int, dict]:
+    """Logged training rows by step, without the values that depend on the clock."""
+    rows = {}
+    for row in metrics(stage_dir):
+        if row.get("step", 0) < 1 or "train_runtime" in row:
+            continue
+        kept = {k: v for k, v in row.items()
+                if isinstance(v, (int, float)) and not any(part in k for part in NOT_COMPARED)}
+        rows.setdefault(row["step"], {}).update(kept)
+    return rows
+
+
+def assert_same_metrics(resumed: Path, whole: Path) -> None:
+    a, b = training_rows(resumed), training_rows(whole)
+    assert sorted(a) == sorted(b), "the resumed run logged other steps"
+    for step in b:
+        assert a[step].keys() == b[step].keys(), step
+        for key, value in b[step].items():
+            other = a[step][key]
+            assert (math.isnan(value) and math.isnan(other)) or other == pytest.approx(value, rel=1e-5, abs=1e-7), \
+                (step, key, other, value)
+
+
+def resumed_step(run_dir: Path) -> int:
+    summary = done(run_dir / "x")
+    step = int(summary["resumed_from"].split("-")[1])
+    assert summary["resumed"].startswith(f"resumed from checkpoint-{step} (step {step}): restored ")
+    return step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage_type", list(STAGES))
+def test_sigkill_after_a_checkpoint_resumes_exactly(stage_type, uninterrupted, tmp_path):
+    whole = uninterrupted(stage_type)
+    recipe = make_recipe(tmp_path, stage_type)
+    run_dir = tmp_path / "run"
+    first = 4 if stage_type == "gspo" else 2  # GSPO saves at whole generation batches (4 optimizer steps)
+    kill_after_checkpoint(recipe, run_dir, first)
+    init_before = snapshot(run_dir / "sft")
+
+    result = run_cli("run", recipe, "--output", run_dir)
+    assert "stage 1/2 sft (sft): finished earlier, skipping" in result.output
+    step = resumed_step(run_dir)
+    assert first <= step < STEPS
+    assert f"resuming x from checkpoint-{step} (step {step})" in result.output
+    assert done(run_dir / "x")["steps"] == STEPS
+    assert snapshot(run_dir / "sft") == init_before  # the finished stage is not touched
+    logged = [row["step"] for row in metrics(run_dir / "x") if "train_runtime" not in row and row.get("step")]
+    assert logged == sorted(logged)  # nothing logged twice after the resume
+    assert_same_weights(run_dir / "x", whole / "x")
+    assert_same_metrics(run_dir / "x", whole / "x")
+    assert f"resumed from checkpoint-{step}" in (run_dir / "report.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, stage_type", [(signal.SIGINT, "gspo"), (signal.SIGTERM, "grpo")],
+                         ids=["SIGINT-gspo", "SIGTERM-grpo"])
+def test_clean_stop_saves_a_checkpoint_and_resumes_exactly(signum, stage_type, uninterrupted, tmp_path):
+    """The first Ctrl-C / SIGTERM saves a checkpoint after the current step (for GSPO: at the end of the
+    generation batch, 4 optimizer steps) and exits 130 with a resume hint; the re-run ends where an
+    uninterrupted run does."""
+    whole = uninterrupted(stage_type)
+    recipe = make_recipe(tmp_path, stage_type)
+    run_dir = tmp_path / "run"
+    command = kit("run", recipe, "--output", run_dir)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    trained = run_dir / "x" / "metrics.jsonl"
+    deadline = time.time() + 240
+    while not (trained.exists() and any(json.loads(line).get("step") == 1 for line in trained.read_text().splitlines()
+                                        if line.strip())):
+        assert process.poll() is None and time.time() < deadline
+        time.sleep(0.02)
+    process.send_signal(signum)
+    out, err = process.communicate(timeout=240)
+    assert process.returncode == 130, out + err
+    assert f"stopped by {signal.Signals(signum).name}" in err and "run the same command again to resume" in err
+    assert "Traceback" not in err
+    assert not (run_dir / "x" / "DONE").exists()
+    steps = [int(p.name.split("-")[1]) for p in (run_dir / "x" / "checkpoints").glob("checkpoint-*")]
+    assert steps, "no checkpoint was saved on the signal"
+    if stage_type == "gspo":
+        assert all(step % 4 == 0 for step in steps), steps
+
+    run_cli("run", recipe, "--output", run_dir)
+    assert resumed_step(run_dir) == max(steps)
+    assert_same_weights(run_dir / "x", whole / "x")
+    assert_same_metrics(run_dir / "x", whole / "x")
+
+
+@pytest.mark.slow
+def test_two_interruptions_in_a_row(uninterrupted, tmp_path):
+    whole = uninterrupted("ppo")
+    recipe = make_recipe(tmp_path, "ppo")
+    run_dir = tmp_path / "run"
+    kill_after_checkpoint(recipe, run_dir, 2)
+    kill_after_checkpoint(recipe, run_dir, 6)  # the second run resumes from checkpoint-2 or -4, then dies again
+    run_cli("run", recipe, "--output", run_dir)
+    assert resumed_step(run_dir) >= 6
+    assert_same_weights(run_dir / "x", whole / "x")
+    assert_same_metrics(run_dir / "x", whole / "x")
+
+
+# --- a checkpoint that cannot resume faithfully is refused ----------------------------------------------------
+
+
+@pytest.fixture
+def interrupted(uninterrupted, tmp_path):
+    """A copy of the uninterrupted DPO run made to look killed after checkpoint-6 (its final outputs removed)."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted("dpo"), run_dir)
+    for name in ("DONE", "adapter"):
+        path = run_dir / "x" / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    (tmp_path / "varied.py").write_text(VARIED)
+    return run_dir
+
+
+def refused(recipe: Path, run_dir: Path, *overrides: str) -> str:
+    before = snapshot(run_dir)
+    result = run_cli("run", recipe, "--output", run_dir, *overrides, expect=2)
+    lines = result.output.strip().splitlines()
+    assert lines[-1].startswith("Error: ") and "Traceback" not in result.output
+    assert snapshot(run_dir) == before  # the checkpoint (and everything else) is left as it is
+    return lines[-1]
+
+
+@pytest.mark.slow
+def test_a_truncated_checkpoint_file_is_refused(interrupted, tmp_path):
+    checkpoint = interrupted / "x" / "checkpoints" / "checkpoint-8"
+    weights = checkpoint / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    message = refused(write_recipe(tmp_path / "r.yaml", [INIT, stage("dpo")]), interrupted)
+    assert "checkpoint-8: adapter_model.safetensors is damaged" in message
+    assert "move" in message and "checkpoint-6" in message and "--force" in message
+
+
+@pytest.mark.slow
+def test_a_checkpoint_missing_its_optimizer_is_refused(interrupted, tmp_path):
+    (interrupted / "x" / "checkpoints" / "checkpoint-8" / "optimizer.pt").unlink()
+    message = refused(write_recipe(tmp_path / "r.yaml", [INIT, stage("dpo")]), interrupted)
+    assert "checkpoint-8: optimizer.pt is missing" in message
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_other_settings_is_refused(interrupted, tmp_path):
+    """The lock file catches a changed recipe; a checkpoint written with other effective settings (e.g. another
+    kit version's defaults, or a hand-edited lock) is caught at the checkpoint."""
+    config = interrupted / "x" / "config.json"
+    saved = json.loads(config.read_text())
+    config.write_text(json.dumps({**saved, "beta": 0.5}))
+    message = refused(write_recipe(tmp_path / "r.yaml", [INIT, stage("dpo")]), interrupted)
+    assert "checkpoint-8 was trained with train.beta 0.5, the stage now has 0.1" in message
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_another_lora_rank_is_refused(interrupted, tmp_path):
+    adapter_config = interrupted / "x" / "checkpoints" / "checkpoint-8" / "adapter_config.json"
+    adapter_config.write_text(json.dumps({**json.loads(adapter_config.read_text()), "r": 4}))
+    message = refused(write_recipe(tmp_path / "r.yaml", [INIT, stage("dpo")]), interrupted)
+    assert "checkpoint-8 holds a LoRA adapter with r 4, the stage trains one with lora.r 8" in message
+
+
+def test_grpo_save_steps_inside_a_generation_batch_is_refused(tmp_path):
+    (tmp_path / "varied.py").write_text(VARIED)
+    gspo = stage("gspo")
+    gspo["train"]["save_steps"] = 6
+    recipe = write_recipe(tmp_path / "r.yaml", [INIT, gspo])
+    result = run_cli("run", recipe, "--dry-run", expect=2)
+    assert "train.save_steps 6 is not a multiple of 4" in result.output and "use save_steps 4 or 8" in result.output

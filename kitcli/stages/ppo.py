@@ -45,8 +45,6 @@ from kitcli.trl_config import build_config
 POLICY_STAGES = ("sft", "dpo", "grpo", "gspo", "ppo")
 POLICY, REFERENCE, CRITIC, REWARD = "default", "reference", "critic", "reward"
 REWARD_ARGS = {"prompts", "completions", "completion_ids", "kwargs"}
-CHECKPOINT_FILES = ["policy_adapter.safetensors", "critic_adapter.safetensors", "value_head.safetensors",
-                    "optimizer.pt", "rng.pt", "trainer_state.json"]
 
 
 # --- configuration ----------------------------------------------------------------------------------------------
@@ -965,7 +963,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     if len(rows) < config.per_device_train_batch_size:
         raise KitError(f"{ctx.where}: data has {len(rows)} prompts, fewer than train.per_device_train_batch_size "
                        f"{config.per_device_train_batch_size}; lower it or give more prompts")
-    resume = resume_checkpoint(ctx, ctx.stage_dir / "metrics.jsonl", dataclasses.asdict(config), CHECKPOINT_FILES)
+    resume = resume_checkpoint(ctx, ctx.stage_dir / "metrics.jsonl", dataclasses.asdict(config))
     models = setup_models(ctx, config)
     if models.reward_model is not None:
         check_reward_tokenizer(ctx, models.tokenizer, models.reward_model.tokenizer,
