@@ -223,7 +223,13 @@ def check_resumable_stages(recipe: Recipe, run_dir: Path, existing: dict[str, An
                            console: Console) -> None:
     """Before anything runs: every unfinished stage with a checkpoint must be able to resume it faithfully (whole
     files, the settings and LoRA shapes it was written with)."""
-    from kitcli.checkpoints import check_files, check_lora_shape, last_checkpoint, required_files, way_out
+    from kitcli.checkpoints import (VOLATILE_SETTINGS, check_files, check_lora_shape, last_checkpoint,
+                                    required_files, way_out)
+
+    def without_volatile(tree: Any) -> Any:
+        if isinstance(tree, dict):
+            return {k: without_volatile(v) for k, v in tree.items() if k not in VOLATILE_SETTINGS}
+        return tree
 
     outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
     for stage in recipe.stages:
@@ -232,8 +238,8 @@ def check_resumable_stages(recipe: Recipe, run_dir: Path, existing: dict[str, An
         if checkpoint is None or stage_done(ctx.stage_dir) is not None:
             continue
         check_files(checkpoint, required_files(stage["type"], checkpoint))
-        before = (existing.get("resolved") or {}).get(ctx.name)
-        now = lock["resolved"][ctx.name]
+        before = without_volatile((existing.get("resolved") or {}).get(ctx.name))
+        now = without_volatile(lock["resolved"][ctx.name])
         differs = first_difference(before, now) if before is not None else None
         if differs:
             raise KitError(f"{ctx.where}: {checkpoint.name} was written with other settings ({differs} was "
@@ -299,6 +305,8 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
         elif run_dir.exists() and any(run_dir.iterdir()) and not force:
             raise KitError(f"{run_dir} exists and is not a kit run directory; choose another --output")
         run_dir.mkdir(parents=True, exist_ok=True)
+        if existing is not None and not force and existing.get("rewritten by the trainer"):
+            lock["rewritten by the trainer"] = existing["rewritten by the trainer"]  # finished stages keep theirs
         if existing is None or force or not same_resolution(existing, lock):
             write_atomic(run_dir / LOCK_NAME, yaml.safe_dump(lock, sort_keys=False))
     launch.barrier()
@@ -338,6 +346,9 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
             summary["resumed"] = resumed_note(summary["resumed_from"], stage["type"])
         if main:
             write_atomic(ctx.stage_dir / DONE_NAME, json.dumps(summary, indent=2, default=str))
+            if summary.get("rewritten"):  # what the trainer changed when it was built, beside what preflight saw
+                lock.setdefault("rewritten by the trainer", {})[ctx.name] = summary["rewritten"]
+                write_atomic(run_dir / LOCK_NAME, yaml.safe_dump(lock, sort_keys=False))
         launch.barrier()
         outputs[stage["name"]] = ctx.stage_dir
         results.append((stage, summary, "ran"))

@@ -19,6 +19,7 @@ import os
 from typing import Any
 
 from kitcli.errors import KitError
+from kitcli.trl_config import canonical, same_value
 
 FAMILY_ENV = "KIT_TRAINERS"
 FAMILIES = ("auto", "trl", "unsloth")
@@ -140,25 +141,29 @@ def restore_dtype(model, start: dict[str, Any]) -> None:
             parameter.data = start[name].clone()
 
 
-def build_trainer(kind: str, loaded, *, args, reference: bool = False, log=print, label: str = "", **kwargs):
+def build_trainer(kind: str, loaded, *, args, reference: bool = False, log=print, label: str = "",
+                  where: str = "", **kwargs):
     """Construct the stage's trainer around `loaded.model` (a backend.LoadedModel) with config `args`. With
     `reference`, the trainer's KL reference must be the starting policy (checked; see ensure_reference).
     Returns (trainer, how the reference was made or None)."""
     cls = trainer_class(kind)
     model = loaded.model
-    if not getattr(args, "bf16", False) and not getattr(args, "fp16", False):
-        model._unsloth_forced_float32 = True  # Unsloth's trainers: stay in float32 as the config says
+    if not args.bf16 and not args.fp16:
+        # Unsloth's trainers turn a config with no mixed precision into fp16 autocast unless the model says the
+        # caller asked for float32 (its `_unsloth_user_float32`): stay in float32 as the config says.
+        model._unsloth_user_float32 = True
     start = trainable_weights(model)
-    precision = os.environ.get("ACCELERATE_MIXED_PRECISION")
+    # accelerate, and Unsloth's loss at every step, read the precision from the environment (Unsloth's default when
+    # it is unset is fp16 autocast, on a CPU too): say the config's, for this process's current trainer.
+    os.environ["ACCELERATE_MIXED_PRECISION"] = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
+    before = {key: canonical(getattr(args, key, None)) for key in getattr(args, "kit_resolved", {})}
     trainer = cls(model=model, args=args, **kwargs)
-    if precision is None:  # Unsloth's trainers set it process-wide; later trainers read their own config
-        os.environ.pop("ACCELERATE_MIXED_PRECISION", None)
-    else:
-        os.environ["ACCELERATE_MIXED_PRECISION"] = precision
     if loaded.dtype == "float32":
         restore_dtype(trainer.model, start)
     log(f"{label or kind}: trainer {describe_class(cls)}")
-    described = ensure_reference(trainer, start, label or kind) if reference else None
+    where = where or label or kind
+    trainer.kit_rewrites = check_trainer_rewrites(trainer, before, getattr(args, "kit_explicit", set()), where, log)
+    described = ensure_reference(trainer, start, where) if reference else None
     if described:
         log(f"{label or kind}: reference = {described}")
     return trainer, described
@@ -204,3 +209,48 @@ def ensure_reference(trainer, start: dict[str, Any], where: str) -> str:
                        f"TRL/Unsloth version builds the reference differently than kit expects")
     how = "added by kit (this trainer would have used the base model)" if added else "made by the trainer"
     return f"frozen '{REFERENCE_ADAPTER}' adapter, a copy of the starting adapter ({len(policy_names)} tensors; {how})"
+
+
+# Fields TRL's trainers copy from the config in __init__ (self.x = args.x) and read from there afterwards, so a
+# trainer that rewrote one there would train with it whatever its config says. config field -> trainer attribute.
+CACHED = {name: name for name in (
+    "beta", "epsilon_high", "loss_type", "scale_rewards", "importance_sampling_level", "num_iterations",
+    "num_generations", "max_completion_length", "mask_truncated_completions", "temperature", "top_p", "top_k",
+    "min_p", "repetition_penalty", "multi_objective_aggregation", "off_policy_mask_threshold",
+    "top_entropy_quantile", "entropy_coef", "use_adaptive_entropy", "normalize_advantages", "reward_clip_range",
+    "label_smoothing", "use_weighting", "f_divergence_type", "ld_alpha", "shuffle_dataset", "use_vllm")}
+CACHED["epsilon"] = "epsilon_low"
+
+
+def check_trainer_rewrites(trainer, before: dict[str, Any], explicit: set[str], where: str,
+                           log=print) -> list[dict[str, Any]]:
+    """Compare every value the kit resolved with what the built trainer will use (its config after __init__, and
+    the copies it keeps). A trainer that changed a value the recipe set explicitly is refused (its __init__ has
+    used it already, so it cannot be put back); a changed kit default is logged and recorded."""
+    rewrites = []
+    for key, value in before.items():
+        held = getattr(trainer.args, key, value)
+        if key in CACHED and hasattr(trainer, CACHED[key]) and not isinstance(getattr(trainer, CACHED[key]), type):
+            cached = getattr(trainer, CACHED[key])
+            if not same_value(key, value, cached):
+                held = cached
+        if same_value(key, value, held):
+            continue
+        if key in explicit:
+            raise KitError(f"{where}: {type(trainer).__name__} changed train.{key} from {value!r} to "
+                           f"{canonical(held)!r} when it was built; the kit cannot train what the recipe says. "
+                           f"Set another value, or remove train.{key} to accept the trainer's")
+        rewrite = {"field": key, "kit": value, "library": canonical(held), "from": "kit default",
+                   "action": f"kept {type(trainer).__name__}'s value"}
+        log(f"{where}: note: {type(trainer).__name__} changed {key} from {value!r} to {canonical(held)!r}")
+        rewrites.append(rewrite)
+    return rewrites
+
+
+def trainer_summary(trainer) -> dict[str, Any]:
+    """What a stage's DONE summary says about its trainer: the class, and what it changed of the kit's values."""
+    out: dict[str, Any] = {"trainer": describe_class(type(trainer))}
+    if getattr(trainer, "kit_rewrites", None):
+        out["rewritten"] = [f"{r['field']}: {r['kit']!r} -> {r['library']!r} ({r['action']})"
+                            for r in trainer.kit_rewrites]
+    return out

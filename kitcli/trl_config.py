@@ -53,18 +53,25 @@ def reserved_reason(key: str) -> str:
 
 
 def device_defaults(on_gpu: bool) -> dict[str, Any]:
-    """CPU-safe precision without a GPU; bf16 and Unsloth's 8-bit AdamW on one."""
+    """CPU-safe precision without a GPU (and torch's fused AdamW, which Unsloth's CPU backend would choose anyway);
+    bf16 and Unsloth's 8-bit AdamW on one."""
     if on_gpu:
         import torch
 
         bf16 = torch.cuda.is_bf16_supported()
         return {"use_cpu": False, "bf16": bf16, "fp16": not bf16, "optim": "adamw_8bit"}
-    return {"use_cpu": True, "bf16": False, "fp16": False, "optim": "adamw_torch"}
+    return {"use_cpu": True, "bf16": False, "fp16": False, "optim": "adamw_torch_fused"}
 
 
 def build_config(config_cls, *, stage_defaults: dict[str, Any], train: dict[str, Any], where: str,
                  output_dir: Path, seed: int, on_gpu: bool):
-    """Build `config_cls` from COMMON_DEFAULTS < device defaults < stage defaults < the recipe's `train:`."""
+    """Build `config_cls` from COMMON_DEFAULTS < device defaults < stage defaults < the recipe's `train:`.
+
+    Then every value the kit passed is compared with what the config holds: a library that rewrites one (Unsloth's
+    generated configs do, e.g. scale_rewards "none" whenever loss_type is dr_grpo) has it put back, and the rewrite
+    is recorded in `config.kit_rewrites` (shown by --dry-run, written to the lock file). The resolved values and the
+    names the recipe set explicitly travel with the config (`kit_resolved`, `kit_explicit`) for the check after the
+    trainer is built (kitcli/trainers.py)."""
     check_fields(config_cls, train, where, reserved={"output_dir", "seed"})
     values = {**COMMON_DEFAULTS, **device_defaults(on_gpu), **stage_defaults, **train}
     values = {k: v for k, v in values.items() if k in config_fields(config_cls)}
@@ -72,10 +79,66 @@ def build_config(config_cls, *, stage_defaults: dict[str, Any], train: dict[str,
         values.update(use_cpu=True, bf16=False, fp16=False)
     values.update(output_dir=str(output_dir), seed=seed, data_seed=seed)
     try:
-        return config_cls(**values)
+        config = config_cls(**values)
     except (ValueError, TypeError) as error:
         raise KitError(f"{where}: {config_cls.__name__} rejected the train settings: "
                        f"{str(error).splitlines()[0]}") from None
+    config.kit_resolved = values
+    config.kit_explicit = set(train)
+    config.kit_rewrites = restore_rewrites(config, values, set(train), where)
+    return config
+
+
+def canonical(value: Any) -> Any:
+    """A config value in the form the kit passes it (enums as their value, lists for tuples)."""
+    value = getattr(value, "value", value)
+    if isinstance(value, tuple):
+        return [canonical(v) for v in value]
+    if isinstance(value, list):
+        return [canonical(v) for v in value]
+    return value
+
+
+# Values a config normalises without changing their meaning: (field, as passed) -> accepted forms.
+EQUIVALENT = {("report_to", "none"): ([], ["none"], "none")}
+
+
+def same_value(key: str, passed: Any, held: Any) -> bool:
+    held = canonical(held)
+    if held == canonical(passed):
+        return True
+    return isinstance(passed, str) and held in EQUIVALENT.get((key, passed), ())
+
+
+def restore_rewrites(config, values: dict[str, Any], explicit: set[str], where: str) -> list[dict[str, Any]]:
+    """Put back every value the config's own code changed; returns what was rewritten."""
+    rewrites = []
+    for key, passed in values.items():
+        held = getattr(config, key, passed)
+        if same_value(key, passed, held):
+            continue
+        rewrite = {"field": key, "kit": passed, "library": canonical(held),
+                   "from": "train" if key in explicit else "kit default"}
+        if hasattr(held, "value"):  # an enum the config derived: putting a raw value back could break its users
+            if key in explicit:
+                raise KitError(f"{where}: {type(config).__name__} changed train.{key} from {passed!r} to "
+                               f"{canonical(held)!r}, and the kit cannot put it back; set another value")
+            rewrite["action"] = "kept the library's value"
+        else:
+            setattr(config, key, passed)
+            rewrite["action"] = "restored"
+        rewrites.append(rewrite)
+    return rewrites
+
+
+def config_summary(config, stage_defaults: dict[str, Any], train: dict[str, Any]) -> dict[str, Any]:
+    """What --dry-run and the lock file show of a stage's config: the explicit values, and any rewrite."""
+    summary = {type(config).__name__: explicit_values(config, stage_defaults, train)}
+    rewrites = getattr(config, "kit_rewrites", [])
+    if rewrites:
+        summary["rewritten by the library"] = [
+            f"{r['field']}: {r['kit']!r} ({r['from']}) -> {r['library']!r}; {r['action']}" for r in rewrites]
+    return summary
 
 
 def explicit_values(config, stage_defaults: dict[str, Any], train: dict[str, Any]) -> dict[str, Any]:

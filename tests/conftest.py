@@ -20,15 +20,34 @@ if importlib.util.find_spec("unsloth") is not None:
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+FAMILIES = ("trl", "unsloth")
+
+
+def uses_unsloth_trainers(item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("trainer_family") == "unsloth"
+
+
 def pytest_collection_modifyitems(config, items):
+    """Tests on Unsloth's generated trainers run last: forcing them rewrites TRL's module attributes (and some of
+    its helpers) for the rest of the process, and every other test checks the classes a CPU run really uses."""
     import torch
 
+    items.sort(key=uses_unsloth_trainers)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(params=FAMILIES)
+def trainer_family(request, monkeypatch) -> str:
+    """Run the test once with TRL's own trainers and once with Unsloth's generated ones (what a GPU runs), forced
+    on the CPU through KIT_TRAINERS (kitcli/trainers.py)."""
+    monkeypatch.setenv("KIT_TRAINERS", request.param)
+    return request.param
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,26 @@ SMALL_LORA = {"r": 8, "alpha": 16, "dropout": 0.0,
               "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
 
 
+def forward_precision():
+    """The autocast the kit's trainers run their forwards under: none on a CPU (float32), bf16 (or fp16) on a GPU.
+    An independent computation checked against a trainer's numbers runs its forwards under the same."""
+    import contextlib
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return contextlib.nullcontext()
+    return torch.autocast("cuda", dtype=torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
+
+
+def precision_scale() -> float:
+    """How much looser a comparison of a trainer's loss with the formula is on a GPU (bf16 forwards, and a padded
+    batch against one unpadded sequence at a time, round differently) than on a CPU in float32: 1 on a CPU."""
+    import torch
+
+    return 300.0 if torch.cuda.is_available() else 1.0
+
+
 def write_recipe(path: Path, stages: list[dict[str, Any]], **top: Any) -> Path:
     recipe = {"name": top.pop("name", "test"), "seed": top.pop("seed", 0), "model": top.pop("model", TINY_MODEL),
               "lora": top.pop("lora", SMALL_LORA), "stages": stages, **top}

@@ -28,7 +28,7 @@ STAGES = [
     {"name": "grpo", "type": "grpo", "init": "sft", "data": PROMPTS, "rewards": ["exact_match"],
      "train": {**RL, **FROZEN}},
     {"name": "gspo", "type": "gspo", "init": "sft", "data": PROMPTS, "rewards": ["exact_match"],
-     "train": {**RL, **FROZEN, "per_device_train_batch_size": 2}},
+     "train": {**RL, **FROZEN, "per_device_train_batch_size": 2, "save_steps": 48}},  # whole generation batches
     {"name": "dpo", "type": "dpo", "init": "sft", "data": PREFS, "eval_fraction": 0,
      "train": {"max_steps": 2, "per_device_train_batch_size": 4, "save_steps": 50, **FROZEN}},
     {"name": "rm", "type": "reward", "data": PREFS, "eval_fraction": 0,
@@ -56,7 +56,7 @@ def test_stage_starts_from_exactly_the_sft_weights(run, stage):
     sft, after = adapter(run / "sft"), adapter(run / stage)
     assert sft.keys() == after.keys()
     for key in sft:
-        # TRL trains a 4-bit model's LoRA in bfloat16; GRPO/GSPO keep float32 on CPU. bf16 -> fp32 is exact.
+        # TRL would train a 4-bit model's LoRA in bfloat16; the kit keeps the float32 weights init: passed on.
         assert (after[key].float() == sft[key].float()).all(), f"{stage}: {key} differs from the SFT adapter"
     assert any(v.abs().sum() > 0 for k, v in sft.items() if "lora_B" in k), "SFT must have moved off the fresh adapter"
 

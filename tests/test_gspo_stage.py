@@ -9,6 +9,7 @@ import yaml
 from helpers import DATA, done, metrics, run_cli, write_recipe
 from safetensors.torch import load_file
 
+from kitcli.errors import KitError
 from kitcli.stages.gspo import GSPO_PRESET
 
 PROMPTS = str(DATA / "arithmetic_prompts.jsonl")
@@ -98,3 +99,23 @@ def test_more_iterations_make_it_off_policy(tmp_path):
 def test_token_level_ratio_is_refused(tmp_path):
     recipe = write_recipe(tmp_path / "r.yaml", stages(train={"importance_sampling_level": "token"}))
     assert "use a stage of type grpo" in run_cli("run", recipe, "--dry-run", expect=2).output
+
+
+def test_the_on_policy_guard_counts_processes(tmp_path, monkeypatch):
+    """Under `kit run --launcher accelerate --num-processes N` a generation batch is shared by N processes: a batch
+    of 2 x 4 completions with 4 per device is 2 optimizer steps in one process (off-policy) but 1 in two
+    (on-policy), which the guard must refuse."""
+    from rich.console import Console
+
+    from kitcli.recipe import load_recipe
+    from kitcli.runner import StageContext
+    from kitcli.stages import gspo
+
+    (tmp_path / "length_reward.py").write_text(LENGTH_REWARD)
+    train = {"generation_batch_size": 8, "steps_per_generation": None, "save_steps": 2}
+    recipe = load_recipe(str(write_recipe(tmp_path / "r.yaml", stages(train=train))))
+    ctx = StageContext(recipe, recipe.stage("gspo"), tmp_path / "run", Console(quiet=True), {})
+    gspo.check_off_policy(ctx)  # one process: 8 / 4 = 2 optimizer steps per generation batch
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(KitError, match="on-policy"):
+        gspo.check_off_policy(ctx)

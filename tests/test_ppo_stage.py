@@ -219,3 +219,34 @@ def test_shipped_ppo_recipes_dry_run(in_tmp, tiny_model_dir):
     assert "reward model rm (weight 0.1)" in " ".join(result.output.split())  # YAML wraps long lines
     gpu = run_cli("run", "qwen3-4b-ppo", "--dry-run")
     assert "response_length: 256" in gpu.output and "hub dataset, read when the stage runs" in gpu.output
+
+
+def test_rollout_and_update_share_the_autocast(ppo_run, tmp_path):
+    """Under bf16 autocast (what a GPU uses; CPU autocast here) the rollout's log-probs and values come from the
+    same precision as the update's, so before any weight moves the first mini-batch's ratio is exactly 1 and the
+    value clip is centred on the values it recomputes."""
+    from kitcli.stages import ppo
+    from kitcli.ppo_math import KLController
+    from rewards.guard import RewardStats, guard_rewards
+
+    root, _, _ = ppo_run
+    ppo_stage = {k: v for k, v in {**stages()[2], "reward_model": None}.items() if v is not None}
+    recipe = write_recipe(tmp_path / "r.yaml", [*stages()[:2], ppo_stage], model=FP32_TINY)
+    ctx = stage_context(root, recipe, tmp_path / "run")
+    config = ppo.make_config(ctx)
+    config.bf16, config.num_ppo_epochs, config.num_mini_batches, config.learning_rate = True, 1, 1, 1e-30
+    models = ppo.setup_models(ctx, config)
+    rewards = ppo.load_reward_functions(ctx)
+    rows = ppo.load_rows(ctx)[: config.per_device_train_batch_size]
+    torch.manual_seed(0)
+    rollout, _ = ppo.make_rollout(models, rows, config, guard_rewards(rewards, RewardStats()), rewards)
+    with torch.no_grad():  # the same forward in float32 differs: bf16 autocast really is in effect
+        fp32 = ppo.policy_logprobs(models, rollout.input_ids, rollout.attention_mask, rollout.prompt_length,
+                                   config.temperature)
+    assert not torch.allclose(fp32 * rollout.mask, rollout.logprobs * rollout.mask, atol=1e-4)
+
+    optimizer, scheduler, scaler = ppo.make_optimizer(models, config, 1)
+    kl_ctl = KLController(config.kl_coef, config.adaptive_kl_ctrl, config.kl_target, config.kl_horizon)
+    figures = ppo.ppo_step(models, rollout, config, kl_ctl, optimizer, scheduler, scaler, step=0)
+    assert figures["policy/ratio"] == 1.0 and figures["policy/approxkl"] == 0.0
+    assert figures["policy/clipfrac"] == 0.0 and figures["val/clipfrac"] == 0.0

@@ -11,13 +11,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 from rich.console import Console
 
-from helpers import DATA, TINY_MODEL, write_recipe
+from helpers import DATA, TINY_MODEL, forward_precision, precision_scale, write_recipe
 
 BATCH = 6
+
+
+@pytest.fixture(autouse=True)
+def family(trainer_family) -> str:
+    """Each loss is checked on TRL's own trainer and on Unsloth's generated one (what a GPU runs)."""
+    return trainer_family
+
+
+def built_by(trainer, family: str) -> None:
+    from kitcli.trainers import is_unsloth_class
+
+    assert is_unsloth_class(type(trainer)) == (family == "unsloth"), type(trainer)
 
 
 def stage_context(recipe_path: Path, stage_name: str, run_dir: Path):
@@ -31,13 +44,14 @@ def stage_context(recipe_path: Path, stage_name: str, run_dir: Path):
 
 def completion_logprob(model, prompt_ids: list[int], completion_ids: list[int]) -> torch.Tensor:
     """log pi(completion | prompt): the sum of the completion tokens' log-probabilities, one unpadded sequence."""
-    ids = torch.tensor([prompt_ids + completion_ids])
-    logits = model(input_ids=ids).logits[0].float()
+    ids = torch.tensor([prompt_ids + completion_ids], device=model.device)
+    with forward_precision():
+        logits = model(input_ids=ids).logits[0].float()
     token_logps = torch.log_softmax(logits[:-1], dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
     return token_logps[len(prompt_ids) - 1:].sum()
 
 
-def test_dpo_loss_is_the_reference_formula(in_tmp):
+def test_dpo_loss_is_the_reference_formula(in_tmp, family):
     from kitcli.backend import load_policy
     from kitcli.stages import dpo
 
@@ -46,6 +60,7 @@ def test_dpo_loss_is_the_reference_formula(in_tmp):
              "eval_fraction": 0, "train": {"beta": beta, "max_steps": 1}}
     ctx = stage_context(write_recipe(in_tmp / "r.yaml", [stage]), "dpo", in_tmp / "run")
     trainer, loaded, _ = dpo.build_trainer(ctx)
+    built_by(trainer, family)
     model = trainer.model
     torch.manual_seed(0)
     with torch.no_grad():  # move the policy away from the reference, as training would
@@ -69,10 +84,10 @@ def test_dpo_loss_is_the_reference_formula(in_tmp):
             losses.append(-F.logsigmoid(beta * ((pw - rw) - (pl - rl))))
     expected = torch.stack(losses).mean().item()
     assert abs(expected - 0.6931) > 1e-3  # policy != reference, or the check would be vacuous
-    assert abs(trl_loss - expected) < 1e-4, (trl_loss, expected)
+    assert abs(trl_loss - expected) < 1e-4 * precision_scale(), (trl_loss, expected)
 
 
-def test_bradley_terry_loss_is_the_reference_formula(in_tmp):
+def test_bradley_terry_loss_is_the_reference_formula(in_tmp, family):
     from kitcli.stages import reward
 
     prefs = {"path": str(DATA / "arithmetic_prefs.jsonl"), "limit": 16}
@@ -82,6 +97,7 @@ def test_bradley_terry_loss_is_the_reference_formula(in_tmp):
     recipe = write_recipe(in_tmp / "r.yaml", stages)
     for name, center in (("rm", 0.0), ("rm-centered", 0.01)):
         trainer, loaded = reward.build_trainer(stage_context(recipe, name, in_tmp / "run"))
+        built_by(trainer, family)
         model = trainer.model
         assert model.config.pad_token_id == loaded.tokenizer.pad_token_id == \
             loaded.tokenizer.convert_tokens_to_ids("<|endoftext|>")
@@ -89,8 +105,9 @@ def test_bradley_terry_loss_is_the_reference_formula(in_tmp):
         model.eval()
         with torch.no_grad():
             trl_loss = trainer.compute_loss(model, trainer.data_collator(rows)).item()
-            chosen = torch.stack([model(input_ids=torch.tensor([r["chosen_ids"]])).logits[0, 0] for r in rows])
-            rejected = torch.stack([model(input_ids=torch.tensor([r["rejected_ids"]])).logits[0, 0] for r in rows])
+            with forward_precision():
+                chosen, rejected = (torch.stack([model(input_ids=torch.tensor([r[key]], device=model.device)).logits[0, 0]
+                                                 for r in rows]).float() for key in ("chosen_ids", "rejected_ids"))
         expected = (-F.logsigmoid(chosen - rejected)).mean() + center * ((chosen + rejected) ** 2).mean()
         assert chosen.std() > 0 and not torch.allclose(chosen, rejected)
-        assert abs(trl_loss - expected.item()) < 1e-5, (name, trl_loss, expected.item())
+        assert abs(trl_loss - expected.item()) < 1e-5 * precision_scale(), (name, trl_loss, expected.item())

@@ -1,29 +1,38 @@
 """The GRPO and GSPO objectives of the reference page, computed here from scratch on a fixed small batch and
 compared with what the trainer the kit builds (the real `build_trainer`, after Unsloth's patching) computes.
 
-A TRL or Unsloth change that alters an advantage, a ratio, the clipping or the aggregation fails here.
+A TRL or Unsloth change that alters an advantage, a ratio, the clipping or the aggregation fails here. Every test runs
+twice: on TRL's own GRPOTrainer (what a CPU run uses) and on Unsloth's generated UnslothGRPOTrainer (what a GPU run
+uses), forced on the CPU (conftest.trainer_family).
 Rewards are fixed numbers (a reward file returns them by position), so the advantages are known in advance;
 old log-probabilities are shifted by a fixed random amount so that ratios differ from 1 and some are clipped.
 """
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import DATA, write_recipe
+from helpers import DATA, forward_precision, precision_scale, write_recipe
 from rich.console import Console
 
 from kitcli.recipe import load_recipe
 from kitcli.runner import StageContext
 from kitcli.stages import grpo, gspo
+from kitcli.trainers import is_unsloth_class
 
 GROUPS = 2
 G = 4  # completions per prompt
 SCORES = [1.0, 0.0, 0.0, 1.0, 0.5, 2.0, 0.5, 0.0]  # group 1, then group 2
 TEMPERATURE = 0.8  # not 1, so a trainer that forgot the sampling temperature in its log-probs would be caught
+
+
+@pytest.fixture(autouse=True)
+def family(trainer_family) -> str:
+    return trainer_family
 
 
 def build(tmp_path: Path, stage_type: str, train: dict | None = None, variant: str | None = None):
@@ -43,6 +52,7 @@ def build(tmp_path: Path, stage_type: str, train: dict | None = None, variant: s
     ctx = StageContext(recipe, recipe.stage("rl"), tmp_path / "run", Console(quiet=True), {})
     preset = gspo.GSPO_PRESET if stage_type == "gspo" else grpo.VARIANTS[variant or grpo.DEFAULT_VARIANT]
     trainer, _, _ = grpo.build_trainer(ctx, preset)
+    assert is_unsloth_class(type(trainer)) == (os.environ["KIT_TRAINERS"] == "unsloth"), type(trainer)
     return trainer
 
 
@@ -58,7 +68,8 @@ def policy_logps(model, batch: dict) -> torch.Tensor:
     """log pi_theta(o_t | q, o_<t) of each completion token at the sampling temperature, by a plain forward pass."""
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    logits = model(input_ids=ids, attention_mask=mask).logits
+    with forward_precision():
+        logits = model(input_ids=ids, attention_mask=mask).logits
     n = batch["completion_ids"].shape[1]
     logits = logits[:, -n - 1:-1, :].float() / TEMPERATURE
     return torch.log_softmax(logits, dim=-1).gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
@@ -69,9 +80,9 @@ def with_old_logps(trainer, batch: dict, spread: float, offsets: torch.Tensor | 
     shift per token, plus `offsets` per sequence (to place whole sequences inside or outside the clip range)."""
     with torch.no_grad():
         current = policy_logps(trainer.model, batch)
-    shift = (torch.rand(current.shape, generator=torch.Generator().manual_seed(1)) * 2 - 1) * spread
+    shift = ((torch.rand(current.shape, generator=torch.Generator().manual_seed(1)) * 2 - 1) * spread).to(current.device)
     if offsets is not None:
-        shift = shift + offsets.unsqueeze(1)
+        shift = shift + offsets.to(current.device).unsqueeze(1)
     return {**batch, "old_per_token_logps": current - shift}, shift
 
 
@@ -90,15 +101,16 @@ def loss_and_grads(loss: torch.Tensor, model) -> tuple[float, list[torch.Tensor]
 
 
 def assert_same(trl: tuple[float, list], ours: tuple[float, list]) -> None:
-    assert trl[0] == pytest.approx(ours[0], rel=1e-4, abs=1e-7)
+    scale = precision_scale()  # 1 on a CPU
+    assert trl[0] == pytest.approx(ours[0], rel=1e-4 * scale, abs=1e-7 * scale)
     for a, b in zip(trl[1], ours[1]):
-        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-7)
+        torch.testing.assert_close(a, b, rtol=1e-3 * scale, atol=1e-7 * scale)
 
 
 def test_group_z_score_advantage(tmp_path):
     """GRPO: A_i = (R_i - mean(R_group)) / std(R_group), the same for every token of o_i."""
     trainer = build(tmp_path, "grpo", variant="grpo")
-    advantages = generation_batch(trainer)["advantages"].view(GROUPS, G)
+    advantages = generation_batch(trainer)["advantages"].cpu().view(GROUPS, G)
     rewards = group_rewards()
     expected = (rewards - rewards.mean(1, keepdim=True)) / rewards.std(1, keepdim=True)  # sample std, as TRL
     # TRL adds 1e-4 to the std to avoid dividing by zero; that is the only difference allowed.
@@ -108,7 +120,7 @@ def test_group_z_score_advantage(tmp_path):
 def test_dr_grpo_advantage_is_unscaled(tmp_path):
     """Dr. GRPO: A_i = R_i - mean(R_group), no division by the group's std."""
     trainer = build(tmp_path, "grpo", variant="dr_grpo")
-    advantages = generation_batch(trainer)["advantages"].view(GROUPS, G)
+    advantages = generation_batch(trainer)["advantages"].cpu().view(GROUPS, G)
     rewards = group_rewards()
     torch.testing.assert_close(advantages, rewards - rewards.mean(1, keepdim=True))
 
@@ -116,7 +128,7 @@ def test_dr_grpo_advantage_is_unscaled(tmp_path):
 def test_batch_scaled_advantage(tmp_path):
     """scale_rewards: batch, the other fix for the difficulty bias: divide by the whole batch's std."""
     trainer = build(tmp_path, "grpo", variant="dr_grpo", train={"scale_rewards": "batch"})
-    advantages = generation_batch(trainer)["advantages"].view(GROUPS, G)
+    advantages = generation_batch(trainer)["advantages"].cpu().view(GROUPS, G)
     rewards = group_rewards()
     expected = (rewards - rewards.mean(1, keepdim=True)) / rewards.flatten().std()
     torch.testing.assert_close(advantages, expected, rtol=1e-3, atol=1e-3)

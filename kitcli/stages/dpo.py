@@ -36,7 +36,7 @@ from kitcli import trainers
 from kitcli.checkpoints import train
 from kitcli.runner import StageContext, resume_checkpoint
 from kitcli.stages.reward import check_init, describe_data, final_evaluation, has_eval, train_eval_rows
-from kitcli.trl_config import build_config, config_dict, explicit_values
+from kitcli.trl_config import build_config, config_dict, config_summary
 
 # Stage types that save a policy (a causal LM) DPO can start from; a reward stage saves a scorer, not a policy.
 INIT_TYPES = ("sft", "dpo", "grpo", "gspo", "ppo")
@@ -95,7 +95,7 @@ def describe(ctx: StageContext) -> dict[str, Any]:
     return {"init": ctx.stage.get("init") or "base model",
             "reference": f"frozen copy of the starting policy ({ctx.stage.get('init') or 'base model'})",
             **describe_data(ctx),
-            "DPOConfig": explicit_values(config, stage_defaults(ctx), ctx.stage.get("train", {}))}
+            **config_summary(config, stage_defaults(ctx), ctx.stage.get("train", {}))}
 
 
 def build_trainer(ctx: StageContext, config=None):
@@ -108,7 +108,7 @@ def build_trainer(ctx: StageContext, config=None):
     trainer, reference = trainers.build_trainer(
         "dpo", loaded, args=config, reference=True, ref_model=None, train_dataset=to_dataset(train_rows),
         eval_dataset=to_dataset(eval_rows) if eval_rows else None, processing_class=loaded.tokenizer,
-        log=ctx.log, label=ctx.name)
+        log=ctx.log, label=ctx.name, where=ctx.where)
     return trainer, loaded, reference
 
 
@@ -127,6 +127,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     rows = [row for row in read_metrics(metrics_path) if "loss" in row and "rewards/margins" in row]
     first, last = (rows[0], rows[-1]) if rows else ({}, {})
     summary: dict[str, Any] = {
+        **trainers.trainer_summary(trainer),
         "steps": trainer.state.global_step, "resumed_from": resume.name if resume else None,
         "reference": reference, "beta": trainer.args.beta, "backend": loaded.backend,
         "first_loss": first.get("loss"), "last_loss": last.get("loss"),

@@ -27,13 +27,15 @@ import math
 from pathlib import Path
 from typing import Any
 
+from kitcli import launch
 from kitcli.backend import cuda_available, load_stage_policy, save_model
 from kitcli.data import read_rows, to_dataset
 from kitcli.errors import KitError, did_you_mean
 from kitcli.progress import attach_progress, read_metrics
 from kitcli.checkpoints import train
+from kitcli.trainers import trainer_summary
 from kitcli.runner import StageContext, resume_checkpoint
-from kitcli.trl_config import COMMON_DEFAULTS, build_config, config_dict, explicit_values
+from kitcli.trl_config import COMMON_DEFAULTS, build_config, config_dict, config_summary
 
 # The fields each preset sets; every variant sets all of them, so switching variants never inherits a default.
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -134,8 +136,8 @@ def generation_cycle(values: dict[str, Any]) -> int:
     every steps_per_generation x num_iterations micro-batches and keeps the completions in memory (not in a
     checkpoint), so only a checkpoint at a multiple of this resumes exactly."""
     accumulation = values["gradient_accumulation_steps"]
-    if values.get("generation_batch_size") is not None:
-        per_generation = values["generation_batch_size"] // values["per_device_train_batch_size"]
+    if values.get("generation_batch_size") is not None:  # TRL: generation batch / (per device batch x processes)
+        per_generation = values["generation_batch_size"] // (values["per_device_train_batch_size"] * launch.world_size())
     else:
         per_generation = values["steps_per_generation"]
     micro = per_generation * values["num_iterations"]
@@ -290,7 +292,7 @@ def describe_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, A
     if reward_model_stage(ctx) is not None:
         listed.append(f"reward model of stage '{reward_model_stage(ctx)}' (weight {reward_model_weight(ctx):g})")
     return {"init": ctx.stage.get("init") or "base model", **extra, "data": spec["path"], "rows": rows,
-            "rewards": listed, "GRPOConfig": explicit_values(config, defaults, ctx.stage.get("train", {}))}
+            "rewards": listed, **config_summary(config, defaults, ctx.stage.get("train", {}))}
 
 
 def describe(ctx: StageContext) -> dict[str, Any]:
@@ -347,7 +349,7 @@ def build_trainer(ctx: StageContext, preset: dict[str, Any], config=None):
         processing.append(tokenizer)
     trainer, _ = build("grpo", loaded, args=config, reference=config.beta != 0.0, reward_funcs=reward_funcs,
                        train_dataset=to_dataset(rows), processing_class=loaded.tokenizer,
-                       reward_processing_classes=processing, log=ctx.log, label=ctx.name)
+                       reward_processing_classes=processing, log=ctx.log, label=ctx.name, where=ctx.where)
     trainer.add_callback(make_reward_metrics_callback(stats))
     return trainer, loaded, config
 
@@ -378,7 +380,7 @@ def train_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any]
     save_model(model, loaded.tokenizer, ctx.stage_dir)
     logged = read_metrics(metrics_path)
     rewards = [row["reward"] for row in logged if "reward" in row]
-    summary = {**extra, "steps": trainer.state.global_step, "resumed_from": resume.name if resume else None,
+    summary = {**extra, **trainer_summary(trainer), "steps": trainer.state.global_step, "resumed_from": resume.name if resume else None,
                "reward_first": window_mean(rewards, first=True), "reward_last": window_mean(rewards, first=False),
                "backend": loaded.backend}
     for key in sorted({k for row in logged for k in row if k.startswith("rewards/") and k.endswith("/mean")}):

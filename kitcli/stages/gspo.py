@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kitcli import launch
 from kitcli.errors import KitError
 from kitcli.runner import StageContext
 from kitcli.stages import grpo
@@ -48,8 +49,8 @@ def check_off_policy(ctx: StageContext) -> None:
     values = {**grpo.stage_defaults(ctx, GSPO_PRESET), **train}
     accumulation = values["gradient_accumulation_steps"]
     iterations = values["num_iterations"]
-    if values.get("generation_batch_size") is not None:
-        steps = values["generation_batch_size"] // values["per_device_train_batch_size"]
+    if values.get("generation_batch_size") is not None:  # TRL: generation batch / (per device batch x processes)
+        steps = values["generation_batch_size"] // (values["per_device_train_batch_size"] * launch.world_size())
     else:
         steps = values["steps_per_generation"]
     if accumulation % (steps * iterations) == 0:

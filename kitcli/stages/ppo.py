@@ -69,7 +69,8 @@ class PPOConfig:
     warmup_steps: int = field(default=0, metadata={"help": "Optimizer steps of linear warmup."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Clip the gradient norm of all trained weights."})
-    optim: str = field(default="adamw_torch", metadata={"help": "adamw_torch, or adamw_8bit (bitsandbytes, GPU)."})
+    optim: str = field(default="adamw_torch", metadata={"help": "adamw_torch, adamw_torch_fused (torch's fused "
+                                                                "kernel), or adamw_8bit (bitsandbytes, GPU)."})
     # The PPO objective
     kl_coef: float = field(default=0.05, metadata={"help": "beta: weight of the per-token KL penalty "
                                                            "log pi(a|s) - log pi_ref(a|s) in the reward (initial value "
@@ -147,7 +148,7 @@ class PPOConfig:
 
 
 SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
-OPTIMIZERS = ("adamw_torch", "adamw_8bit")
+OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw_8bit")
 TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
 
 
@@ -633,7 +634,7 @@ def make_rollout(models: PPOModels, rows, config: PPOConfig, reward_fns, rewards
     if config.missing_eos_penalty is not None:
         scores = scores - config.missing_eos_penalty * (~has_eos).float()
     chunks = {"logprobs": [], "entropy": [], "ref": [], "values": []}
-    with torch.no_grad():
+    with torch.no_grad(), autocast(config, ids.device):
         for start in range(0, len(rows), config.mini_batch_size):
             part = slice(start, start + config.mini_batch_size)
             args = (ids[part], attention_mask[part], prompt_length)
@@ -654,12 +655,14 @@ def make_rollout(models: PPOModels, rows, config: PPOConfig, reward_fns, rewards
 # --- one PPO step -----------------------------------------------------------------------------------------------
 
 def autocast(config: PPOConfig, device):
+    """The mixed precision of every policy, reference and critic forward (rollout and update alike), so the first
+    update's ratio is exactly 1 and the value clip is centred on values of the same precision."""
     import contextlib
 
     import torch
 
-    if str(device).startswith("cuda") and (config.bf16 or config.fp16):
-        return torch.autocast("cuda", dtype=torch.bfloat16 if config.bf16 else torch.float16)
+    if config.bf16 or config.fp16:
+        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16 if config.bf16 else torch.float16)
     return contextlib.nullcontext()
 
 
@@ -746,7 +749,7 @@ def make_optimizer(models: PPOModels, config: PPOConfig, total_updates: int):
 
         optimizer = bitsandbytes.optim.AdamW8bit(models.trainable, **kwargs)
     else:
-        optimizer = torch.optim.AdamW(models.trainable, **kwargs)
+        optimizer = torch.optim.AdamW(models.trainable, fused=config.optim == "adamw_torch_fused" or None, **kwargs)
     scheduler = get_scheduler(config.lr_scheduler_type, optimizer, num_warmup_steps=config.warmup_steps,
                               num_training_steps=total_updates)
     scaler = torch.amp.GradScaler("cuda", enabled=config.fp16 and cuda_available())

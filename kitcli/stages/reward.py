@@ -30,9 +30,10 @@ from kitcli.backend import (cuda_available, load_reward_model, resolve_model_pat
 from kitcli.data import read_rows, require_columns, to_dataset
 from kitcli.errors import KitError
 from kitcli.checkpoints import train
+from kitcli.trainers import trainer_summary
 from kitcli.progress import attach_progress, read_metrics
 from kitcli.runner import StageContext, resume_checkpoint
-from kitcli.trl_config import build_config, config_dict, explicit_values
+from kitcli.trl_config import build_config, config_dict, config_summary
 
 PAIR_COLUMNS = ["chosen", "rejected"]
 DEFAULT_EVAL_FRACTION = 0.1
@@ -199,7 +200,7 @@ def describe(ctx: StageContext) -> dict[str, Any]:
     prepare_backend(choose_backend(ctx.model["backend"]))  # unsloth before trl, as the run's policy stages need
     config = make_config(ctx)
     return {"init": ctx.stage.get("init") or "base model", **describe_data(ctx),
-            "RewardConfig": explicit_values(config, stage_defaults(ctx), ctx.stage.get("train", {}))}
+            **config_summary(config, stage_defaults(ctx), ctx.stage.get("train", {}))}
 
 
 def reward_base(ctx: StageContext) -> str:
@@ -223,7 +224,7 @@ def build_trainer(ctx: StageContext, config=None):
     )
     trainer, _ = build("reward", loaded, args=config, train_dataset=to_dataset(train_rows),
                        eval_dataset=to_dataset(eval_rows) if eval_rows else None, processing_class=loaded.tokenizer,
-                       log=ctx.log, label=ctx.name)
+                       log=ctx.log, label=ctx.name, where=ctx.where)
     dropped = len(train_rows) - len(trainer.train_dataset)
     if dropped:
         ctx.log(f"{ctx.name}: {dropped} of {len(train_rows)} training pairs are longer than max_length "
@@ -257,6 +258,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
                              trust_remote_code=ctx.model["trust_remote_code"], log=ctx.log)
     losses = [row["loss"] for row in read_metrics(metrics_path) if "loss" in row]
     summary: dict[str, Any] = {
+        **trainer_summary(trainer),
         "steps": trainer.state.global_step, "resumed_from": resume.name if resume else None,
         "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
         "eval_before": before, "eval_after": after, "backend": loaded.backend,

@@ -13,8 +13,8 @@ from kitcli.data import read_rows, require_columns, to_dataset
 from kitcli.progress import attach_progress, read_metrics
 from kitcli.checkpoints import train
 from kitcli.runner import StageContext, resume_checkpoint
-from kitcli.trainers import build_trainer
-from kitcli.trl_config import build_config, config_dict, explicit_values
+from kitcli.trainers import build_trainer, trainer_summary
+from kitcli.trl_config import build_config, config_dict, config_summary
 
 COLUMN_OPTIONS = [["prompt", "completion"], ["messages"], ["text"]]
 
@@ -52,7 +52,7 @@ def describe(ctx: StageContext) -> dict[str, Any]:
     rows = load_rows(ctx)
     config = make_config(ctx)
     return {"init": ctx.stage.get("init") or "base model", "data": ctx.stage["data"]["path"], "rows": len(rows),
-            "SFTConfig": explicit_values(config, stage_defaults(ctx), ctx.stage.get("train", {}))}
+            **config_summary(config, stage_defaults(ctx), ctx.stage.get("train", {}))}
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
@@ -63,12 +63,12 @@ def run(ctx: StageContext) -> dict[str, Any]:
     loaded = load_stage_policy(ctx.model, lora=ctx.recipe.data["lora"], seed=ctx.seed, init_from=ctx.init_dir,
                                log=ctx.log)
     trainer, _ = build_trainer("sft", loaded, args=config, train_dataset=to_dataset(rows),
-                            processing_class=loaded.tokenizer, log=ctx.log, label=ctx.name)
+                            processing_class=loaded.tokenizer, log=ctx.log, label=ctx.name, where=ctx.where)
     attach_progress(trainer, ctx.name, metrics_path, ctx.console)
     train(trainer, resume, ctx.where)
     save_model(loaded.model, loaded.tokenizer, ctx.stage_dir)
     losses = [row["loss"] for row in read_metrics(metrics_path) if "loss" in row]
-    summary = {"steps": trainer.state.global_step, "resumed_from": resume.name if resume else None,
+    summary = {**trainer_summary(trainer), "steps": trainer.state.global_step, "resumed_from": resume.name if resume else None,
                "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
                "backend": loaded.backend}
     if losses:

@@ -1,0 +1,166 @@
+"""The path a GPU runs: every check here runs on TRL's own trainers and on Unsloth's generated ones (forced on the
+CPU, conftest.trainer_family), and asserts what the trainer really uses, not what the config says.
+
+- GRPO's KL reference is the policy the stage starts from (the SFT model), not the base: the first logged KL of
+  SFT -> GRPO (beta 0.04) is 0 (Unsloth's trainer, left alone, measures it against the base: 4.96 on a real run).
+- DPO's reference is the SFT model: the loss equals the formula with the SFT model's log-probs.
+- GSPO's old log-probs are computed exactly when training is off-policy (TRL's gate), on both families.
+- A value the recipe set explicitly is restored when a config rewrites it (Unsloth: scale_rewards under dr_grpo),
+  and refused, in one line with exit status 2, when the trainer rewrites it in __init__.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from helpers import DATA, TINY_MODEL, forward_precision, metrics, precision_scale, run_cli, write_recipe
+from rich.console import Console
+
+from kitcli.trainers import is_unsloth_class
+
+SFT = {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),
+       "train": {"max_steps": 4, "per_device_train_batch_size": 8, "learning_rate": 3e-3, "logging_steps": 2}}
+PROMPTS = str(DATA / "arithmetic_prompts.jsonl")
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory, tiny_model_dir) -> Path:
+    """One SFT stage whose adapter is far from zero, to start the later stages from (SFT is TRL's class on both
+    families on a CPU: Unsloth cannot rewrite the CPU backend's SFTTrainer)."""
+    root = tmp_path_factory.mktemp("families-sft")
+    run_cli("run", write_recipe(root / "r.yaml", [SFT]), "--output", root / "run")
+    return root / "run"
+
+
+def stage_context(recipe_path: Path, stage_name: str, run_dir: Path, outputs: dict[str, Path]):
+    from kitcli.recipe import load_recipe
+    from kitcli.runner import StageContext
+
+    recipe = load_recipe(str(recipe_path))
+    return StageContext(recipe, recipe.stage(stage_name), run_dir, Console(quiet=True), outputs)
+
+
+def assert_family(trainer, family: str) -> None:
+    assert is_unsloth_class(type(trainer)) == (family == "unsloth"), type(trainer)
+
+
+def test_grpo_first_kl_is_zero_after_sft(trainer_family, tmp_path):
+    grpo = {"name": "grpo", "type": "grpo", "init": "sft", "variant": "grpo", "data": PROMPTS,
+            "rewards": ["exact_match"],
+            "train": {"max_steps": 1, "per_device_train_batch_size": 8, "num_generations": 4,
+                      "max_completion_length": 4, "logging_steps": 1, "temperature": 1.0}}
+    result = run_cli("run", write_recipe(tmp_path / "r.yaml", [SFT, grpo]), "--output", tmp_path / "run")
+    assert ("UnslothGRPOTrainer (Unsloth)" if trainer_family == "unsloth" else "GRPOTrainer (TRL)") in result.output
+    assert "reference = frozen 'ref' adapter, a copy of the starting adapter" in result.output
+    first = next(row for row in metrics(tmp_path / "run" / "grpo") if "kl" in row)
+    assert first["step"] == 1 and abs(first["kl"]) < 1e-6, first["kl"]
+
+
+def completion_logprob(model, prompt_ids: list[int], completion_ids: list[int]) -> torch.Tensor:
+    ids = torch.tensor([prompt_ids + completion_ids], device=model.device)
+    with forward_precision():
+        logits = model(input_ids=ids).logits[0].float()
+    token_logps = torch.log_softmax(logits[:-1], dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
+    return token_logps[len(prompt_ids) - 1:].sum()
+
+
+def test_dpo_reference_is_the_sft_model(trainer_family, sft_run, tmp_path):
+    from kitcli.backend import load_policy
+    from kitcli.stages import dpo
+
+    beta = 0.2
+    stages = [SFT, {"name": "dpo", "type": "dpo", "init": "sft", "eval_fraction": 0,
+                    "data": {"path": str(DATA / "arithmetic_prefs.jsonl"), "limit": 16},
+                    "train": {"beta": beta, "max_steps": 1}}]
+    ctx = stage_context(write_recipe(tmp_path / "r.yaml", stages), "dpo", tmp_path / "run",
+                        {"sft": sft_run / "sft"})
+    trainer, _, reference = dpo.build_trainer(ctx)
+    assert_family(trainer, trainer_family)
+    assert reference.startswith("frozen 'ref' adapter")
+    model = trainer.model
+    with torch.no_grad():  # move the policy away from its start, as training would; the reference must stay
+        for name, param in model.named_parameters():
+            if ".default." in name and "lora_B" in name:
+                param.add_(0.05 * torch.randn_like(param, generator=torch.Generator().manual_seed(0)))
+    rows = [trainer.train_dataset[i] for i in range(6)]
+    with torch.no_grad():
+        trl_loss = trainer.compute_loss(model, trainer.data_collator(rows)).item()
+    sft_model = load_policy("tiny", max_seq_length=TINY_MODEL["max_seq_length"], load_in_4bit=True, lora=None,
+                            dtype="float32", init_from=sft_run / "sft", trainable=False, log=lambda _: None).model
+    model.eval()
+    with torch.no_grad():
+        losses = []
+        for row in rows:
+            pw, pl = (completion_logprob(model, row["prompt_ids"], row[k]) for k in ("chosen_ids", "rejected_ids"))
+            rw, rl = (completion_logprob(sft_model, row["prompt_ids"], row[k]) for k in ("chosen_ids", "rejected_ids"))
+            losses.append(-F.logsigmoid(beta * ((pw - rw) - (pl - rl))))
+    expected = torch.stack(losses).mean().item()
+    assert abs(expected - 0.6931) > 1e-3  # the policy moved, or the check would be vacuous
+    assert abs(trl_loss - expected) < 1e-4 * precision_scale(), (trl_loss, expected)
+
+
+@pytest.mark.parametrize("stage_type, off_policy", [("gspo", True), ("grpo", False)])
+def test_old_log_probs_exactly_when_off_policy(trainer_family, tmp_path, stage_type, off_policy):
+    """GSPO's paper settings (4 optimizer steps per generation batch) are off-policy: the trainer stores the
+    sampling policy's log-probs as old_per_token_logps. Plain GRPO (one step per batch) is on-policy: it does not,
+    and its ratio is exactly 1 (old = current, detached)."""
+    from kitcli.stages import grpo, gspo
+
+    stage = {"name": "rl", "type": stage_type, "data": PROMPTS, "rewards": ["exact_match"],
+             "train": {"per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 4}}
+    ctx = stage_context(write_recipe(tmp_path / "r.yaml", [stage]), "rl", tmp_path / "run", {})
+    preset = gspo.GSPO_PRESET if stage_type == "gspo" else grpo.VARIANTS["grpo"]
+    trainer, _, _ = grpo.build_trainer(ctx, preset)
+    assert_family(trainer, trainer_family)
+    rows = [trainer.train_dataset[i] for i in range(4)]
+    trainer.model.train()  # the gate is the training one
+    torch.manual_seed(0)
+    batch = trainer._generate_and_score_completions([row for row in rows for _ in range(4)])
+    assert (batch.get("old_per_token_logps") is not None) == off_policy
+
+
+def dry_run_stage(tmp_path: Path, stage: dict) -> dict:
+    result = run_cli("run", write_recipe(tmp_path / "r.yaml", [stage]), "--dry-run")
+    return yaml.safe_load(result.output.split(f"({stage['type']})\n", 1)[1])
+
+
+def test_a_config_rewrite_of_an_explicit_value_is_restored_and_shown(trainer_family, tmp_path):
+    """Unsloth's GRPOConfig sets scale_rewards to 'none' whenever loss_type is dr_grpo; the recipe's explicit
+    'group' wins, the dry run and the lock file say what happened, and the trainer uses 'group'."""
+    from kitcli.stages import grpo
+
+    stage = {"name": "rl", "type": "grpo", "variant": "dr_grpo", "data": PROMPTS, "rewards": ["exact_match"],
+             "train": {"scale_rewards": "group", "per_device_train_batch_size": 4, "num_generations": 4,
+                       "max_completion_length": 4}}
+    resolved = dry_run_stage(tmp_path, stage)
+    assert resolved["GRPOConfig"]["scale_rewards"] == "group"
+    rewritten = resolved.get("rewritten by the library", [])
+    if trainer_family == "unsloth":
+        assert rewritten == ["scale_rewards: 'group' (train) -> 'none'; restored"]
+    else:
+        assert rewritten == []
+    ctx = stage_context(tmp_path / "r.yaml", "rl", tmp_path / "run", {})
+    trainer, _, _ = grpo.build_trainer(ctx, grpo.VARIANTS["dr_grpo"])
+    assert_family(trainer, trainer_family)
+    assert trainer.scale_rewards == "group" and trainer.args.scale_rewards == "group"
+
+
+def test_a_trainer_rewrite_of_an_explicit_value_is_refused(trainer_family, tmp_path):
+    """Unsloth's trainers replace a per_device_eval_batch_size of 8 with the training batch size in __init__; an
+    explicit 8 then cannot be honoured and the stage stops before training, naming the stage and the field."""
+    stage = {"name": "dpo", "type": "dpo", "data": {"path": str(DATA / "arithmetic_prefs.jsonl"), "limit": 40},
+             "eval_fraction": 0.2, "train": {"max_steps": 1, "per_device_train_batch_size": 4,
+                                             "per_device_eval_batch_size": 8}}
+    recipe = write_recipe(tmp_path / "r.yaml", [stage])
+    if trainer_family == "trl":
+        run_cli("run", recipe, "--output", tmp_path / "run")
+        return
+    result = run_cli("run", recipe, "--output", tmp_path / "run", expect=2)
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("Error: ") and "Traceback" not in result.output
+    assert "stage 'dpo'" in last and "changed train.per_device_eval_batch_size from 8 to 4" in last
+    assert not (tmp_path / "run" / "dpo" / "metrics.jsonl").exists()  # nothing trained
