@@ -45,11 +45,11 @@ BUDGET_S = 480  # the whole run, on one GPU
 
 def recipe(reduced: bool) -> dict:
     """Every stage type, in the order the checks need (the GRPO stage that is killed and resumed comes last)."""
-    steps = 4 if reduced else 30
+    steps = 2 if reduced else 30
     rl = {"per_device_train_batch_size": 16, "num_generations": 4, "max_completion_length": 4, "temperature": 1.0,
           "learning_rate": 2e-4, "logging_steps": 1}
-    small_eval = {"path": str(DATA / "arithmetic_eval.jsonl"), "limit": 20 if reduced else 100}
-    prefs = {"path": str(DATA / "arithmetic_prefs.jsonl"), "limit": 160 if reduced else 800}
+    small_eval = {"path": str(DATA / "arithmetic_eval.jsonl"), "limit": 10 if reduced else 100}
+    prefs = {"path": str(DATA / "arithmetic_prefs.jsonl"), "limit": 80 if reduced else 800}
     prompts = str(DATA / "arithmetic_prompts.jsonl")
     generation = {"max_new_tokens": 4, "batch_size": 50, "temperature": 0.0}
     return {
@@ -74,7 +74,7 @@ def recipe(reduced: bool) -> dict:
             {"name": "dapo", "type": "grpo", "variant": "dapo", "init": "sft", "data": prompts,
              "rewards": ["exact_match"], "train": {**rl, "max_steps": steps}},
             {"name": "gspo", "type": "gspo", "init": "sft", "data": prompts, "rewards": ["exact_match"],
-             "train": {**rl, "per_device_train_batch_size": 4, "max_steps": 4 if reduced else 16}},
+             "train": {**rl, "per_device_train_batch_size": 4, "max_steps": 4 if reduced else 16, "save_steps": 4}},
             {"name": "ppo", "type": "ppo", "init": "sft", "reward_model": {"stage": "rm", "weight": 0.1},
              "rewards": ["exact_match"], "data": prompts,
              "train": {"max_steps": steps, "per_device_train_batch_size": 16, "num_mini_batches": 2,

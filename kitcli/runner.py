@@ -197,10 +197,13 @@ def resume_checkpoint(ctx: StageContext, metrics_path: Path, settings: dict[str,
     from kitcli.progress import truncate_metrics
 
     resume = check_resumable(ctx.stage_dir, ctx.stage["type"], settings, stage_lora(ctx), ctx.where)
-    write_atomic(ctx.stage_dir / "config.json", json.dumps(settings, indent=2, default=str))
+    main = launch.is_main_process()  # under `kit run --launcher` one process writes
+    if main:
+        write_atomic(ctx.stage_dir / "config.json", json.dumps(settings, indent=2, default=str))
     if resume is not None:
         step = step_of(resume)
-        truncate_metrics(metrics_path, step)
+        if main:
+            truncate_metrics(metrics_path, step)
         ctx.log(f"resuming {ctx.name} from {resume.name} (step {step}): weights, optimizer, scheduler and RNG "
                 f"state restored")
     return resume

@@ -455,9 +455,23 @@ def setup_models(ctx: StageContext, config: PPOConfig) -> PPOModels:
             for parameter in adapter_parameters(model, name):
                 parameter.requires_grad_(False)
     use_adapter(models, POLICY)
+    if reference is not None:
+        check_reference(model, ctx.where)
     for line in models.layout:
         ctx.log(f"memory: {line}")
     return models
+
+
+def check_reference(model, where: str) -> None:
+    """The reference adapter must be exactly the policy's starting weights (it is made before any step) and frozen."""
+    import torch
+
+    policy, reference = adapter_state(model, POLICY), adapter_state(model, REFERENCE)
+    frozen = not any(p.requires_grad for p in adapter_parameters(model, REFERENCE))
+    if policy.keys() != reference.keys() or not frozen or \
+            not all(torch.equal(policy[k], reference[k]) for k in policy):
+        raise KitError(f"{where}: the PPO reference adapter is not a frozen copy of the starting policy; this "
+                       f"TRL/PEFT version copies adapters differently than kit expects")
 
 
 # --- forward passes ---------------------------------------------------------------------------------------------

@@ -1,0 +1,341 @@
+"""The fields of the trainer config classes a stage's `train:` block sets, with their types, read without importing
+TRL, transformers or torch (so a recipe is checked in a fraction of a second, before anything heavy loads).
+
+TRL's configs are dataclasses: `GRPOConfig(_BaseConfig(TrainingArguments))`. Their source files are parsed with
+`ast` (found through `importlib.util.find_spec`, which imports nothing): each field's annotation (`int`,
+`float | None`, `list[str]`, `SchedulerType | str`, ...), its default and its help text. Enum annotations are
+resolved to their values from transformers' own enum classes. The kit's PPO config is a dataclass of its own.
+
+`check_value(config, name, value)` returns None when `value` fits the field's type and the kit's range for it,
+else what was expected ("a number > 0"). The ranges are the kit's: TRL leaves most of them to fail deep inside a
+training loop (a batch size of 0) or to train nothing (negative epochs).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+MISSING = object()
+# config class -> (package, module file under it); the base classes are found from the files' own class bases.
+SOURCES = {
+    "SFTConfig": ("trl", "trainer/sft_config.py"),
+    "RewardConfig": ("trl", "trainer/reward_config.py"),
+    "DPOConfig": ("trl", "trainer/dpo_config.py"),
+    "GRPOConfig": ("trl", "trainer/grpo_config.py"),
+    "RLOOConfig": ("trl", "trainer/rloo_config.py"),
+    "KTOConfig": ("trl", "trainer/kto_config.py"),
+    "_BaseConfig": ("trl", "trainer/base_config.py"),
+    "TrainingArguments": ("transformers", "training_args.py"),
+}
+ENUM_SOURCES = (("transformers", "trainer_utils.py"), ("transformers", "training_args.py"),
+                ("transformers", "debug_utils.py"))
+
+
+@dataclass(frozen=True)
+class ConfigField:
+    name: str
+    annotation: str
+    default: Any
+    help: str
+
+
+def package_dir(package: str) -> Path:
+    spec = importlib.util.find_spec(package)  # a top-level package: found, not imported
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(package)
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def literal(node: ast.AST) -> Any:
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, SyntaxError, TypeError):
+        return MISSING
+
+
+def help_text(call: ast.Call) -> str:
+    for keyword in call.keywords:
+        if keyword.arg == "metadata" and isinstance(keyword.value, ast.Dict):
+            for key, value in zip(keyword.value.keys, keyword.value.values):
+                if literal(key) == "help":
+                    text = literal(value)
+                    return text if isinstance(text, str) else ""
+    return ""
+
+
+@lru_cache(maxsize=None)
+def parse_classes(package: str, relative: str) -> dict[str, tuple[list[str], dict[str, ConfigField]]]:
+    """class name -> (its base class names, its own annotated fields) for every class in one source file."""
+    tree = ast.parse((package_dir(package) / relative).read_text(encoding="utf-8"))
+    classes = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        fields: dict[str, ConfigField] = {}
+        for item in node.body:
+            if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)):
+                continue
+            default, help_ = MISSING, ""
+            if isinstance(item.value, ast.Call) and getattr(item.value.func, "id", None) == "field":
+                keywords = {k.arg: k.value for k in item.value.keywords}
+                if "init" in keywords and literal(keywords["init"]) is False:
+                    continue
+                if "default" in keywords:
+                    default = literal(keywords["default"])
+                help_ = help_text(item.value)
+            elif item.value is not None:
+                default = literal(item.value)
+            fields[item.target.id] = ConfigField(item.target.id, ast.unparse(item.annotation), default, help_)
+        classes[node.name] = ([ast.unparse(b).split(".")[-1] for b in node.bases], fields)
+    return classes
+
+
+@lru_cache(maxsize=None)
+def config_fields(config: str) -> dict[str, ConfigField]:
+    """Every init field of `config` (base classes' first, a subclass's override wins)."""
+    if config == "PPOConfig":
+        return ppo_fields()
+    package, relative = SOURCES[config]
+    bases, own = parse_classes(package, relative)[config]
+    fields: dict[str, ConfigField] = {}
+    for base in bases:
+        if base in SOURCES:
+            fields.update(config_fields(base))
+    fields.update(own)
+    return fields
+
+
+def ppo_fields() -> dict[str, ConfigField]:
+    import dataclasses
+
+    from kitcli.stages.ppo import PPOConfig
+
+    return {f.name: ConfigField(f.name, str(f.type), f.default, f.metadata.get("help", ""))
+            for f in dataclasses.fields(PPOConfig) if f.init}
+
+
+@lru_cache(maxsize=None)
+def enum_values() -> dict[str, tuple[str, ...]]:
+    """Values of transformers' string enums (SchedulerType, IntervalStrategy, OptimizerNames, ...)."""
+    found: dict[str, tuple[str, ...]] = {}
+    for package, relative in ENUM_SOURCES:
+        for name, (bases, _) in parse_classes(package, relative).items():
+            if not any(b in ("ExplicitEnum", "Enum", "str") for b in bases):
+                continue
+            tree = ast.parse((package_dir(package) / relative).read_text(encoding="utf-8"))
+            for node in tree.body:
+                if isinstance(node, ast.ClassDef) and node.name == name:
+                    values = [literal(item.value) for item in node.body if isinstance(item, ast.Assign)]
+                    found[name] = tuple(v for v in values if isinstance(v, str))
+    return found
+
+
+# --- types ------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TypeSpec:
+    """A parsed annotation: `kind` is int, float, bool, str, none, list, dict, any or choice (enum/Literal)."""
+
+    kind: str
+    items: tuple = ()  # list: the element type; choice: the values; union: the alternatives
+
+
+def parse_annotation(annotation: str) -> TypeSpec:
+    try:
+        node = ast.parse(annotation, mode="eval").body
+    except SyntaxError:
+        return TypeSpec("any")
+    return spec_of(node)
+
+
+def spec_of(node: ast.AST) -> TypeSpec:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return union(spec_of(node.left), spec_of(node.right))
+    if isinstance(node, ast.Constant) and node.value is None:
+        return TypeSpec("none")
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):  # a quoted forward reference
+        return parse_annotation(node.value)
+    if isinstance(node, ast.Name):
+        simple = {"int": "int", "float": "float", "bool": "bool", "str": "str", "dict": "dict", "list": "list",
+                  "Any": "any", "None": "none"}
+        if node.id in simple:
+            return TypeSpec(simple[node.id], (TypeSpec("any"),) if node.id == "list" else ())
+        if node.id in enum_values():
+            return TypeSpec("choice", enum_values()[node.id])
+        return TypeSpec("any")  # a class the kit cannot check (e.g. ParallelismConfig): left to the library
+    if isinstance(node, ast.Subscript):
+        head = ast.unparse(node.value).split(".")[-1]
+        inner = node.slice
+        if head in ("Optional",):
+            return union(spec_of(inner), TypeSpec("none"))
+        if head in ("Union",):
+            parts = inner.elts if isinstance(inner, ast.Tuple) else [inner]
+            result = spec_of(parts[0])
+            for part in parts[1:]:
+                result = union(result, spec_of(part))
+            return result
+        if head in ("list", "List", "tuple", "Tuple", "Sequence"):
+            element = inner.elts[0] if isinstance(inner, ast.Tuple) else inner
+            return TypeSpec("list", (spec_of(element),))
+        if head in ("dict", "Dict"):
+            return TypeSpec("dict")
+        if head == "Literal":
+            parts = inner.elts if isinstance(inner, ast.Tuple) else [inner]
+            return TypeSpec("choice", tuple(literal(p) for p in parts))
+    return TypeSpec("any")
+
+
+def union(a: TypeSpec, b: TypeSpec) -> TypeSpec:
+    parts = (a.items if a.kind == "union" else (a,)) + (b.items if b.kind == "union" else (b,))
+    return TypeSpec("union", parts)
+
+
+def fits(value: Any, spec: TypeSpec) -> bool:
+    kind = spec.kind
+    if kind == "any":
+        return True
+    if kind == "union":
+        return any(fits(value, part) for part in spec.items)
+    if kind == "none":
+        return value is None
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "dict":
+        return isinstance(value, dict)
+    if kind == "list":
+        return isinstance(value, list) and all(fits(v, spec.items[0]) for v in value)
+    if kind == "choice":
+        return value in spec.items
+    return True
+
+
+def describe(spec: TypeSpec) -> str:
+    kind = spec.kind
+    if kind == "union":
+        parts = [describe(p) for p in spec.items if p.kind != "any"]
+        choices = [p for p in spec.items if p.kind == "choice"]
+        if choices and any(p.kind == "str" for p in spec.items):  # `SchedulerType | str`: the enum's values
+            parts = [describe(choices[0])] + [describe(p) for p in spec.items if p.kind not in ("choice", "str")]
+        return " or ".join(dict.fromkeys(parts)) or "any value"
+    return {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
+            "none": "null", "dict": "a mapping", "any": "any value"}.get(kind) or (
+        f"a list of {describe(spec.items[0]).removeprefix('a ').removeprefix('an ')}s" if kind == "list"
+        else "one of " + ", ".join(map(str, spec.items)))
+
+
+def narrowed(spec: TypeSpec) -> TypeSpec:
+    """`SchedulerType | str` and the like accept the enum's values only (TRL would raise on any other string)."""
+    if spec.kind == "union" and any(p.kind == "choice" for p in spec.items) and any(p.kind == "str" for p in spec.items):
+        return TypeSpec("union", tuple(p for p in spec.items if p.kind != "str"))
+    return spec
+
+
+# --- the kit's ranges and choices -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Range:
+    low: float | None = None
+    low_open: bool = False  # True: value > low; False: value >= low
+    high: float | None = None
+    high_open: bool = False
+    also: tuple = ()  # values allowed outside the range (e.g. max_steps -1: "use num_train_epochs")
+
+    def holds(self, value: float) -> bool:
+        if value in self.also:
+            return True
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        if self.high is not None and (value >= self.high if self.high_open else value > self.high):
+            return False
+        return True
+
+    def text(self) -> str:
+        parts = []
+        if self.low is not None and self.high is not None:
+            parts.append(f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}")
+        elif self.low is not None:
+            parts.append(f"{'>' if self.low_open else '>='} {self.low:g}")
+        elif self.high is not None:
+            parts.append(f"{'<' if self.high_open else '<='} {self.high:g}")
+        if self.also:
+            parts.append("or " + " or ".join(map(str, self.also)))
+        return " ".join(parts)
+
+
+POSITIVE, AT_LEAST_ONE, NOT_NEGATIVE = Range(0, True), Range(1), Range(0)
+FRACTION, OPEN_FRACTION = Range(0, False, 1, False), Range(0, False, 1, True)
+# field -> range, for every config; (config, field) -> range where one config differs (DPO's beta must be > 0,
+# GRPO's may be 0: no KL penalty).
+RANGES: dict[Any, Range] = {
+    "learning_rate": POSITIVE, "per_device_train_batch_size": AT_LEAST_ONE, "per_device_eval_batch_size": AT_LEAST_ONE,
+    "gradient_accumulation_steps": AT_LEAST_ONE, "num_train_epochs": POSITIVE, "max_steps": Range(1, also=(-1,)),
+    "warmup_ratio": FRACTION, "warmup_steps": NOT_NEGATIVE, "weight_decay": NOT_NEGATIVE, "max_grad_norm": NOT_NEGATIVE,
+    "adam_beta1": OPEN_FRACTION, "adam_beta2": OPEN_FRACTION, "adam_epsilon": POSITIVE,
+    "logging_steps": POSITIVE, "save_steps": POSITIVE, "eval_steps": POSITIVE, "save_total_limit": AT_LEAST_ONE,
+    "dataloader_num_workers": NOT_NEGATIVE, "seed": NOT_NEGATIVE,
+    "max_length": AT_LEAST_ONE, "max_prompt_length": AT_LEAST_ONE, "max_completion_length": AT_LEAST_ONE,
+    "num_generations": Range(2), "generation_batch_size": AT_LEAST_ONE, "steps_per_generation": AT_LEAST_ONE,
+    "num_iterations": AT_LEAST_ONE, "temperature": POSITIVE, "top_p": Range(0, True, 1), "top_k": NOT_NEGATIVE,
+    "min_p": FRACTION, "repetition_penalty": POSITIVE, "epsilon": POSITIVE, "epsilon_high": POSITIVE,
+    "beta": NOT_NEGATIVE, "delta": POSITIVE, "top_entropy_quantile": Range(0, True, 1),
+    "label_smoothing": Range(0, False, 0.5, False), "center_rewards_coefficient": NOT_NEGATIVE,
+    ("DPOConfig", "beta"): POSITIVE, ("KTOConfig", "beta"): POSITIVE,
+    # the kit's PPO loop
+    "num_mini_batches": AT_LEAST_ONE, "num_ppo_epochs": AT_LEAST_ONE, "response_length": AT_LEAST_ONE,
+    "kl_coef": NOT_NEGATIVE, "kl_target": POSITIVE, "kl_horizon": AT_LEAST_ONE, "cliprange": Range(0, True, 1, True),
+    "cliprange_value": POSITIVE, "vf_coef": NOT_NEGATIVE, "gamma": FRACTION, "lam": FRACTION,
+}
+# String fields whose annotation says only `str` but which take a fixed set of values (read from TRL's help
+# texts and __post_init__; a value outside them fails deep inside the trainer).
+CHOICES: dict[tuple[str, str], tuple] = {
+    ("GRPOConfig", "loss_type"): ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"),
+    ("GRPOConfig", "scale_rewards"): ("group", "batch", "none", True, False),
+    ("GRPOConfig", "importance_sampling_level"): ("token", "sequence"),
+    ("GRPOConfig", "multi_objective_aggregation"): ("sum_then_normalize", "normalize_then_sum"),
+    ("GRPOConfig", "vllm_mode"): ("server", "colocate"),
+    ("SFTConfig", "loss_type"): ("nll", "dft"),
+    ("DPOConfig", "f_divergence_type"): ("reverse_kl", "js_divergence", "alpha_divergence"),
+    ("DPOConfig", "truncation_mode"): ("keep_start", "keep_end"),
+    ("PPOConfig", "lr_scheduler_type"): ("linear", "cosine", "constant", "constant_with_warmup"),
+    ("PPOConfig", "optim"): ("adamw_torch", "adamw_torch_fused", "adamw_8bit"),
+}
+DPO_LOSSES = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
+              "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft")
+
+
+def field_type(config: str, name: str) -> TypeSpec:
+    if (config, name) in CHOICES:
+        return TypeSpec("choice", CHOICES[(config, name)])
+    if (config, name) == ("DPOConfig", "loss_type"):
+        return union(TypeSpec("choice", DPO_LOSSES), TypeSpec("list", (TypeSpec("choice", DPO_LOSSES),)))
+    return narrowed(parse_annotation(config_fields(config)[name].annotation))
+
+
+def field_range(config: str, name: str) -> Range | None:
+    return RANGES.get((config, name), RANGES.get(name))
+
+
+def check_value(config: str, name: str, value: Any) -> str | None:
+    """None when `value` is right for field `name` of `config`, else what is expected."""
+    spec = field_type(config, name)
+    if not fits(value, spec):
+        return describe(spec)
+    bounds = field_range(config, name)
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if bounds is not None and numeric and not bounds.holds(value):
+        kind = "an integer" if spec.kind == "int" or (spec.kind == "union" and any(
+            p.kind == "int" for p in spec.items) and not any(p.kind == "float" for p in spec.items)) else "a number"
+        return f"{kind} {bounds.text()}"
+    return None
