@@ -70,6 +70,10 @@ def choose_backend(requested: str = "auto", task: str = "causal") -> str:
 def prepare_backend(backend: str) -> None:
     """Import unsloth first (before trl / transformers / peft) when it will be used; quiet library chatter."""
     if backend.startswith("unsloth"):
+        from kitcli.tiny import kit_home
+
+        # Unsloth writes the trainers and modules it generates to ./unsloth_compiled_cache unless told otherwise
+        os.environ.setdefault("UNSLOTH_COMPILE_LOCATION", str(kit_home() / "unsloth_compiled_cache"))
         late = [m for m in ("trl", "transformers", "peft") if m in sys.modules and "unsloth" not in sys.modules]
         if late:
             print(f"kit: warning: {', '.join(late)} imported before unsloth; Unsloth's patches may be incomplete",

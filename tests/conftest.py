@@ -14,6 +14,7 @@ os.environ.setdefault("KIT_HOME", str(ROOT / ".pytest_kit_home"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+os.environ.setdefault("UNSLOTH_COMPILE_LOCATION", str(Path(os.environ["KIT_HOME"]) / "unsloth_compiled_cache"))
 if importlib.util.find_spec("unsloth") is not None:
     import unsloth  # noqa: F401  (must precede trl / transformers / peft, as in a real run)
 
