@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kitcli import dist
 from kitcli.errors import KitError
 
 HEAVY_MODULES = ("torch", "transformers", "trl", "peft", "unsloth")
@@ -266,7 +267,7 @@ def _load_transformers(path, max_seq_length, load_in_4bit, lora, dtype, seed, tr
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=kwargs["dtype"])
-        kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}  # this process's GPU
+        kwargs["device_map"] = {"": dist.local_rank()}  # this process's GPU
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=Path(path).is_dir(), **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(path, model_max_length=max_seq_length,
                                               trust_remote_code=trust_remote_code)
@@ -305,11 +306,9 @@ def save_model(model, tokenizer, stage_dir: Path) -> Path:
     """Save the adapter (or full model) and tokenizer under a temporary name, then rename into place."""
     import shutil
 
-    from kitcli import launch
-
     final = stage_dir / ("adapter" if is_peft_model(model) else "model")
-    state = launch.gathered_state_dict(model)  # sharded weights (ZeRO-3, FSDP) gathered; None otherwise
-    if launch.is_main_process():  # under `kit run --launcher` one process writes, the others wait
+    state = dist.gathered_state_dict(model)  # sharded weights (ZeRO-3, FSDP) gathered; None otherwise
+    if dist.is_main_process():  # under `kit run --launcher` one process writes, the others wait
         staging = stage_dir / (final.name + ".tmp")
         shutil.rmtree(staging, ignore_errors=True)
         model.save_pretrained(str(staging), **({"state_dict": state} if state is not None else {}))
@@ -317,7 +316,7 @@ def save_model(model, tokenizer, stage_dir: Path) -> Path:
         if final.exists():
             shutil.rmtree(final)
         staging.rename(final)
-    launch.barrier()
+    dist.barrier()
     return final
 
 
@@ -463,7 +462,7 @@ def _load_transformers_seq_cls(path, max_seq_length, load_in_4bit, lora, dtype, 
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=kwargs["dtype"], llm_int8_skip_modules=list(REWARD_HEADS))
-        kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}  # this process's GPU
+        kwargs["device_map"] = {"": dist.local_rank()}  # this process's GPU
     torch.manual_seed(seed)  # the score head is initialised at random
     model = AutoModelForSequenceClassification.from_pretrained(path, local_files_only=Path(path).is_dir(), **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(path, model_max_length=max_seq_length,
@@ -492,11 +491,9 @@ def save_merged_reward_model(stage_dir: Path, *, base: str, dtype: str = "auto",
     from peft import PeftModel
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from kitcli import launch
-
     final = stage_dir / "merged"
-    if not launch.is_main_process():  # under `kit run --launcher` the main process writes it
-        launch.barrier()
+    if not dist.is_main_process():  # under `kit run --launcher` the main process writes it
+        dist.barrier()
         return final
     staging = stage_dir / "merged.tmp"
     shutil.rmtree(staging, ignore_errors=True)
@@ -517,7 +514,7 @@ def save_merged_reward_model(stage_dir: Path, *, base: str, dtype: str = "auto",
         shutil.rmtree(final)
     staging.rename(final)
     log(f"merged reward model: {final} ({type(model).__name__}, pad_token_id {model.config.pad_token_id})")
-    launch.barrier()
+    dist.barrier()
     return final
 
 

@@ -19,9 +19,13 @@ from __future__ import annotations
 import json
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from kitcli import dist
 from kitcli.errors import KitError
+
+if TYPE_CHECKING:
+    from kitcli.context import StageContext
 
 ADAPTER_FILE = "adapter_model.safetensors"
 # Config fields that may change between an interrupted run and its resume without changing what is trained.
@@ -280,3 +284,34 @@ def train(trainer, checkpoint: Path | None, where: str) -> None:
         trainer.add_callback(make_weights_check(checkpoint, where))
     restore_counters(trainer, checkpoint)
     trainer.train(resume_from_checkpoint=str(checkpoint))
+
+
+# --- the stage's side ------------------------------------------------------------------------------------------
+
+def stage_lora(ctx: StageContext) -> dict[str, Any] | None:
+    """The LoRA settings the stage trains with: its init stage's adapter's, else the recipe's."""
+    from kitcli.backend import lora_from_adapter
+
+    init = ctx.init_dir
+    if init is not None and (init / "adapter" / "adapter_config.json").is_file():
+        return lora_from_adapter(init / "adapter")
+    return ctx.recipe.data["lora"]
+
+
+def resume_checkpoint(ctx: StageContext, metrics_path: Path, settings: dict[str, Any]) -> Path | None:
+    """The stage's last checkpoint, checked (whole, same settings and LoRA shapes) before anything trains; then
+    the stage's config.json records `settings` and its metrics are cut back to the checkpoint's step (they will
+    be logged again)."""
+    from kitcli.progress import truncate_metrics
+
+    resume = check_resumable(ctx.stage_dir, ctx.stage["type"], settings, stage_lora(ctx), ctx.where)
+    main = dist.is_main_process()  # under `kit run --launcher` one process writes
+    if main:
+        ctx.dir.write_config(settings)
+    if resume is not None:
+        step = step_of(resume)
+        if main:
+            truncate_metrics(metrics_path, step)
+        ctx.log(f"resuming {ctx.name} from {resume.name} (step {step}): weights, optimizer, scheduler and RNG "
+                f"state restored")
+    return resume

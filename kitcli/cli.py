@@ -3,7 +3,6 @@ commands that train, never at import time, so `kit --help` and the listing comma
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
@@ -129,7 +128,9 @@ def execute(recipe, *, output: str | None, dry_run: bool, force: bool, quiet: bo
     except KeyboardInterrupt:
         click.echo("\nkit: aborted; run the same command again to resume from the last checkpoint", err=True)
         sys.exit(130)
-    if os.environ.get("RANK", "0") != "0":  # a process of `kit run --launcher`: the main one reports
+    from kitcli import dist
+
+    if not dist.is_main_process():  # a process of `kit run --launcher`: the main one reports
         return
     if mode == "quiet":
         click.echo(f"done: {run_dir}")

@@ -10,8 +10,8 @@ starts `accelerate launch ... -m kitcli run RECIPE --output DIR` with the transf
 processes; TRL's trainers do data parallelism (DDP), DeepSpeed ZeRO or FSDP as accelerate configures them.
 
 Inside the processes only the main one (rank 0) writes the lock file, DONE markers, saved adapters and metrics;
-the others wait at a barrier (`barrier`) where the main process writes, and skip eval stages (generation is not
-distributed). docs/multi-gpu.md lists which stage types support this.
+the others wait at a barrier (`kitcli/dist.py`) where the main process writes, and skip eval stages (generation is
+not distributed). docs/multi-gpu.md lists which stage types support this.
 """
 
 from __future__ import annotations
@@ -37,56 +37,6 @@ SUPPORT = {
     "eval": "main process only (the others wait)",
 }
 UNSUPPORTED = {"ppo": "kit's PPO loop is a single-process loop (no DDP); run PPO recipes without --launcher"}
-
-
-# --- inside a launched process ---------------------------------------------------------------------------------
-
-def world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def rank() -> int:
-    return int(os.environ.get("RANK", "0"))
-
-
-def is_main_process() -> bool:
-    return rank() == 0
-
-
-def barrier() -> None:
-    """Wait for every process (a no-op in a single process). Initialises the process group if the trainer has
-    not yet (gloo on CPU, nccl on GPUs); accelerate reuses it."""
-    if world_size() <= 1:
-        return
-    import torch
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    if torch.cuda.is_available() and dist.get_backend() == "nccl":
-        dist.barrier(device_ids=[torch.cuda.current_device()])
-    else:
-        dist.barrier()
-
-
-def gathered_state_dict(model) -> dict[str, Any] | None:
-    """A full state dict of a model whose parameters are sharded across processes (DeepSpeed ZeRO-3, FSDP),
-    gathered on every process (a collective: all must call it); None when nothing is sharded."""
-    if world_size() <= 1:
-        return None
-    if os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3":
-        import deepspeed
-
-        parameters = list(model.parameters())
-        with deepspeed.zero.GatheredParameters(parameters, modifier_rank=None):
-            return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()} if is_main_process() else {}
-    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return None
 
 
 # --- the parent `kit run --launcher accelerate` ----------------------------------------------------------------

@@ -30,53 +30,17 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from kitcli import __version__, interrupt, launch
+from kitcli import __version__, dist, interrupt
 from kitcli.data import fingerprint
 from kitcli.errors import KitError
 from kitcli.progress import emit_json, stage_display
+from kitcli.context import StageContext
 from kitcli.recipe import STAGE_MODULES, Recipe
+from kitcli.rundir import LOCK_NAME, redact, write_atomic
 
-LOCK_NAME = "recipe.lock.yaml"
 DONE_NAME = "DONE"
 PACKAGES = ("torch", "transformers", "trl", "peft", "unsloth", "unsloth_zoo", "bitsandbytes", "datasets",
             "accelerate")
-
-
-@dataclass
-class StageContext:
-    recipe: Recipe
-    stage: dict[str, Any]
-    run_dir: Path
-    console: Console
-    outputs: dict[str, Path] = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return self.stage["name"]
-
-    @property
-    def stage_dir(self) -> Path:
-        return self.run_dir / self.name
-
-    @property
-    def where(self) -> str:
-        return f"{self.recipe.source}: stage '{self.name}'"
-
-    @property
-    def model(self) -> dict[str, Any]:
-        return self.recipe.data["model"]
-
-    @property
-    def seed(self) -> int:
-        return self.recipe.data["seed"]
-
-    @property
-    def init_dir(self) -> Path | None:
-        init = self.stage.get("init")
-        return self.outputs[init] if init else None
-
-    def log(self, message: str) -> None:
-        self.console.print(message, highlight=False, markup=False, soft_wrap=True)
 
 
 def stage_module(stage_type: str):
@@ -102,19 +66,6 @@ def dataset_fingerprints(recipe: Recipe) -> dict[str, str]:
     return prints
 
 
-SECRET_KEY_PARTS = ("token", "api_key", "apikey", "secret", "password")
-
-
-def redact(value: Any) -> Any:
-    """A copy of `value` with every mapping entry whose key names a secret replaced by "<redacted>"."""
-    if isinstance(value, dict):
-        return {k: "<redacted>" if any(p in str(k).lower() for p in SECRET_KEY_PARTS) else redact(v)
-                for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact(v) for v in value]
-    return value
-
-
 def make_lock(recipe: Recipe) -> dict[str, Any]:
     return {
         "recipe": redact(recipe.data),
@@ -125,12 +76,6 @@ def make_lock(recipe: Recipe) -> dict[str, Any]:
         "platform": f"{platform.system()} {platform.machine()}",
         "created": datetime.now().isoformat(timespec="seconds"),
     }
-
-
-def write_atomic(path: Path, text: str) -> None:
-    staging = path.with_name(path.name + ".tmp")
-    staging.write_text(text, encoding="utf-8")
-    os.replace(staging, path)
 
 
 def read_lock(run_dir: Path) -> dict[str, Any] | None:
@@ -179,36 +124,6 @@ def choose_run_dir(recipe: Recipe, output: str | None, lock: dict[str, Any]) -> 
     return runs / f"{recipe.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def stage_lora(ctx: StageContext) -> dict[str, Any] | None:
-    """The LoRA settings the stage trains with: its init stage's adapter's, else the recipe's."""
-    from kitcli.backend import lora_from_adapter
-
-    init = ctx.init_dir
-    if init is not None and (init / "adapter" / "adapter_config.json").is_file():
-        return lora_from_adapter(init / "adapter")
-    return ctx.recipe.data["lora"]
-
-
-def resume_checkpoint(ctx: StageContext, metrics_path: Path, settings: dict[str, Any]) -> Path | None:
-    """The stage's last checkpoint, checked (whole, same settings and LoRA shapes) before anything trains; then
-    the stage's config.json records `settings` and its metrics are cut back to the checkpoint's step (they will
-    be logged again)."""
-    from kitcli.checkpoints import check_resumable, step_of
-    from kitcli.progress import truncate_metrics
-
-    resume = check_resumable(ctx.stage_dir, ctx.stage["type"], settings, stage_lora(ctx), ctx.where)
-    main = launch.is_main_process()  # under `kit run --launcher` one process writes
-    if main:
-        write_atomic(ctx.stage_dir / "config.json", json.dumps(settings, indent=2, default=str))
-    if resume is not None:
-        step = step_of(resume)
-        if main:
-            truncate_metrics(metrics_path, step)
-        ctx.log(f"resuming {ctx.name} from {resume.name} (step {step}): weights, optimizer, scheduler and RNG "
-                f"state restored")
-    return resume
-
-
 def resumed_note(checkpoint: str, stage_type: str) -> str:
     """What a resumed stage restored, for its DONE summary and the report."""
     restored = ("the policy and critic adapters, the value head, the optimizer, the scheduler, the KL coefficient "
@@ -227,7 +142,7 @@ def check_resumable_stages(recipe: Recipe, run_dir: Path, existing: dict[str, An
     """Before anything runs: every unfinished stage with a checkpoint must be able to resume it faithfully (whole
     files, the settings and LoRA shapes it was written with)."""
     from kitcli.checkpoints import (VOLATILE_SETTINGS, check_files, check_lora_shape, last_checkpoint,
-                                    required_files, way_out)
+                                    required_files, stage_lora, way_out)
 
     def without_volatile(tree: Any) -> Any:
         if isinstance(tree, dict):
@@ -289,7 +204,7 @@ def dry_run(recipe: Recipe, console: Console) -> None:
 
 def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Console) -> Path:
     # Under `kit run --launcher` every process runs this; only the main one writes files (kitcli/launch.py).
-    main = launch.is_main_process()
+    main = dist.is_main_process()
     if not main:
         console = Console(quiet=True)
     lock = make_lock(recipe)
@@ -312,7 +227,7 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
             lock["rewritten by the trainer"] = existing["rewritten by the trainer"]  # finished stages keep theirs
         if existing is None or force or not same_resolution(existing, lock):
             write_atomic(run_dir / LOCK_NAME, yaml.safe_dump(lock, sort_keys=False))
-    launch.barrier()
+    dist.barrier()
     console.print(f"run directory: {run_dir}", highlight=False, markup=False)
     if recipe.data["model"].get("trust_remote_code"):
         console.print("warning: model.trust_remote_code is on: the model's own Python code from its repository will run",
@@ -334,9 +249,9 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
             if force and ctx.stage_dir.exists():
                 shutil.rmtree(ctx.stage_dir)
             ctx.stage_dir.mkdir(parents=True, exist_ok=True)
-        launch.barrier()
+        dist.barrier()
         if not main and stage["type"] == "eval":  # generation is not distributed: the main process evaluates
-            launch.barrier()
+            dist.barrier()
             outputs[stage["name"]] = ctx.stage_dir
             results.append((stage, stage_done(ctx.stage_dir) or {}, "ran (main process)"))
             continue
@@ -352,7 +267,7 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
             if summary.get("rewritten"):  # what the trainer changed when it was built, beside what preflight saw
                 lock.setdefault("rewritten by the trainer", {})[ctx.name] = summary["rewritten"]
                 write_atomic(run_dir / LOCK_NAME, yaml.safe_dump(lock, sort_keys=False))
-        launch.barrier()
+        dist.barrier()
         outputs[stage["name"]] = ctx.stage_dir
         results.append((stage, summary, "ran"))
     if not main:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kitcli.errors import KitError, did_you_mean
+from kitcli.rundir import redact
 
 # Shared by every trainer-based stage; a stage adds its own on top and the recipe's `train:` wins.
 COMMON_DEFAULTS: dict[str, Any] = {
@@ -149,15 +150,11 @@ def explicit_values(config, stage_defaults: dict[str, Any], train: dict[str, Any
         if hasattr(config, key):
             value = getattr(config, key)
             out[key] = getattr(value, "value", value)
-    from kitcli.runner import redact
-
     return redact(out)
 
 
 def config_dict(config) -> dict[str, Any]:
     """All fields, JSON-safe, with secrets left out."""
-    from kitcli.runner import redact
-
     raw = config.to_dict()
     return redact({k: (v if isinstance(v, (int, float, str, bool, type(None), list, dict)) else str(v))
                    for k, v in raw.items()})

@@ -47,7 +47,7 @@ def find_run_dir(recipe, run_dir: Path | None) -> Path | None:
 
 
 def stage_context(recipe, stage: dict[str, Any], run_dir: Path | None, console):
-    from kitcli.runner import StageContext
+    from kitcli.context import StageContext
 
     base = run_dir or Path("runs") / f"{recipe.name}-PREVIEW"
     outputs = {s["name"]: base / s["name"] for s in recipe.stages}

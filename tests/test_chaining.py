@@ -14,7 +14,7 @@ from rich.console import Console
 from safetensors.torch import load_file
 
 from kitcli.recipe import load_recipe
-from kitcli.runner import StageContext
+from kitcli.context import StageContext
 
 PROMPTS = str(DATA / "arithmetic_prompts.jsonl")
 PREFS = str(DATA / "arithmetic_prefs.jsonl")

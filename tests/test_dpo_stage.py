@@ -34,7 +34,7 @@ def sft_dpo_run(tmp_path_factory):
 
 def stage_context(recipe_path: Path, stage_name: str, run_dir: Path):
     from kitcli.recipe import load_recipe
-    from kitcli.runner import StageContext
+    from kitcli.context import StageContext
 
     recipe = load_recipe(str(recipe_path))
     outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}

@@ -108,7 +108,7 @@ def test_the_on_policy_guard_counts_processes(tmp_path, monkeypatch):
     from rich.console import Console
 
     from kitcli.recipe import load_recipe
-    from kitcli.runner import StageContext
+    from kitcli.context import StageContext
     from kitcli.stages import gspo
 
     (tmp_path / "length_reward.py").write_text(LENGTH_REWARD)

@@ -70,7 +70,7 @@ def test_planner_defaults_follow_the_stage_defaults(in_tmp):
     from rich.console import Console
 
     from kitcli.recipe import load_recipe
-    from kitcli.runner import StageContext
+    from kitcli.context import StageContext
     from kitcli.stages import grpo
 
     stage = {"name": "grpo", "type": "grpo", "data": str(DATA / "arithmetic_prompts.jsonl"), "rewards": ["exact_match"]}

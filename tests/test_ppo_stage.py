@@ -105,7 +105,7 @@ def stage_context(root: Path, recipe_path: Path, run_dir: Path):
     from rich.console import Console
 
     from kitcli.recipe import load_recipe
-    from kitcli.runner import StageContext
+    from kitcli.context import StageContext
 
     recipe = load_recipe(str(recipe_path))
     outputs = {s["name"]: root / "run" / s["name"] for s in recipe.stages}

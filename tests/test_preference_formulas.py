@@ -35,7 +35,7 @@ def built_by(trainer, family: str) -> None:
 
 def stage_context(recipe_path: Path, stage_name: str, run_dir: Path):
     from kitcli.recipe import load_recipe
-    from kitcli.runner import StageContext
+    from kitcli.context import StageContext
 
     recipe = load_recipe(str(recipe_path))
     outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}

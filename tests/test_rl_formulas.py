@@ -20,7 +20,7 @@ from helpers import DATA, forward_precision, precision_scale, write_recipe
 from rich.console import Console
 
 from kitcli.recipe import load_recipe
-from kitcli.runner import StageContext
+from kitcli.context import StageContext
 from kitcli.stages import grpo, gspo
 from kitcli.trainers import is_unsloth_class
 

@@ -38,7 +38,7 @@ def sft_run(tmp_path_factory, tiny_model_dir) -> Path:
 
 def stage_context(recipe_path: Path, stage_name: str, run_dir: Path, outputs: dict[str, Path]):
     from kitcli.recipe import load_recipe
-    from kitcli.runner import StageContext
+    from kitcli.context import StageContext
 
     recipe = load_recipe(str(recipe_path))
     return StageContext(recipe, recipe.stage(stage_name), run_dir, Console(quiet=True), outputs)

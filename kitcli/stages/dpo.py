@@ -33,8 +33,8 @@ from kitcli.data import to_dataset
 from kitcli.errors import KitError
 from kitcli.progress import attach_progress, read_metrics
 from kitcli import trainers
-from kitcli.checkpoints import train
-from kitcli.runner import StageContext, resume_checkpoint
+from kitcli.checkpoints import resume_checkpoint, train
+from kitcli.context import StageContext
 from kitcli.stages.reward import check_init, describe_data, final_evaluation, has_eval, train_eval_rows
 from kitcli.trl_config import build_config, config_dict, config_summary
 

@@ -31,7 +31,7 @@ from kitcli.backend import load_stage_policy
 from kitcli.data import read_rows, require_columns
 from kitcli.errors import KitError, did_you_mean
 from kitcli.evaluate import exact_match, generate
-from kitcli.runner import StageContext
+from kitcli.context import StageContext
 
 GENERATION_DEFAULTS = {"max_new_tokens": 32, "batch_size": 32, "temperature": 0.0, "n": 1, "show": 3}
 

@@ -27,14 +27,14 @@ import math
 from pathlib import Path
 from typing import Any
 
-from kitcli import launch
+from kitcli import dist
 from kitcli.backend import cuda_available, load_stage_policy, save_model
 from kitcli.data import read_rows, to_dataset
 from kitcli.errors import KitError, did_you_mean
 from kitcli.progress import attach_progress, read_metrics
-from kitcli.checkpoints import train
+from kitcli.checkpoints import resume_checkpoint, train
 from kitcli.trainers import trainer_summary
-from kitcli.runner import StageContext, resume_checkpoint
+from kitcli.context import StageContext
 from kitcli.trl_config import COMMON_DEFAULTS, build_config, config_dict, config_summary
 
 # The fields each preset sets; every variant sets all of them, so switching variants never inherits a default.
@@ -137,7 +137,7 @@ def generation_cycle(values: dict[str, Any]) -> int:
     checkpoint), so only a checkpoint at a multiple of this resumes exactly."""
     accumulation = values["gradient_accumulation_steps"]
     if values.get("generation_batch_size") is not None:  # TRL: generation batch / (per device batch x processes)
-        per_generation = values["generation_batch_size"] // (values["per_device_train_batch_size"] * launch.world_size())
+        per_generation = values["generation_batch_size"] // (values["per_device_train_batch_size"] * dist.world_size())
     else:
         per_generation = values["steps_per_generation"]
     micro = per_generation * values["num_iterations"]

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kitcli import launch
+from kitcli import dist
 from kitcli.errors import KitError
-from kitcli.runner import StageContext
+from kitcli.context import StageContext
 from kitcli.stages import grpo
 
 GSPO_PRESET: dict[str, Any] = {
@@ -50,7 +50,7 @@ def check_off_policy(ctx: StageContext) -> None:
     accumulation = values["gradient_accumulation_steps"]
     iterations = values["num_iterations"]
     if values.get("generation_batch_size") is not None:  # TRL: generation batch / (per device batch x processes)
-        steps = values["generation_batch_size"] // (values["per_device_train_batch_size"] * launch.world_size())
+        steps = values["generation_batch_size"] // (values["per_device_train_batch_size"] * dist.world_size())
     else:
         steps = values["steps_per_generation"]
     if accumulation % (steps * iterations) == 0:

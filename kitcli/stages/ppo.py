@@ -39,7 +39,8 @@ from kitcli.backend import cuda_available, load_stage_policy, resolve_model_path
 from kitcli.data import read_rows, require_columns
 from kitcli.errors import KitError, did_you_mean
 from kitcli.progress import StageDashboard, read_metrics
-from kitcli.runner import StageContext, resume_checkpoint
+from kitcli.checkpoints import resume_checkpoint
+from kitcli.context import StageContext
 from kitcli.trl_config import build_config
 
 POLICY_STAGES = ("sft", "dpo", "grpo", "gspo", "ppo")

@@ -29,10 +29,10 @@ from kitcli.backend import (cuda_available, load_reward_model, resolve_model_pat
                             save_model)
 from kitcli.data import read_rows, require_columns, to_dataset
 from kitcli.errors import KitError
-from kitcli.checkpoints import train
+from kitcli.checkpoints import resume_checkpoint, train
 from kitcli.trainers import trainer_summary
 from kitcli.progress import attach_progress, read_metrics
-from kitcli.runner import StageContext, resume_checkpoint
+from kitcli.context import StageContext
 from kitcli.trl_config import build_config, config_dict, config_summary
 
 PAIR_COLUMNS = ["chosen", "rejected"]

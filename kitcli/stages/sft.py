@@ -11,8 +11,8 @@ from typing import Any
 from kitcli.backend import cuda_available, load_stage_policy, save_model
 from kitcli.data import read_rows, require_columns, to_dataset
 from kitcli.progress import attach_progress, read_metrics
-from kitcli.checkpoints import train
-from kitcli.runner import StageContext, resume_checkpoint
+from kitcli.checkpoints import resume_checkpoint, train
+from kitcli.context import StageContext
 from kitcli.trainers import build_trainer, trainer_summary
 from kitcli.trl_config import build_config, config_dict, config_summary
 

@@ -1,0 +1,202 @@
+"""The run directory: the one module that knows its layout. Everything else asks a RunDir or a StageDir.
+
+    runs/<name>-<timestamp>/
+      recipe.lock.yaml        the resolved recipe, package versions, seed, dataset fingerprints
+      report.md, plots/       the run report (kitcli/report.py)
+      <stage>/
+        config.json           the stage's effective trainer config
+        metrics.jsonl         one JSON object per logging step; alarms.jsonl, completions.jsonl beside it
+        samples.jsonl         an eval stage's scored completions
+        checkpoints/          trainer checkpoints (checkpoint-N/)
+        adapter/ or model/    the trained LoRA adapter (PEFT format) or full model, with the tokenizer
+        merged/               a reward stage's adapter merged into a plain sequence-classification model
+        critic/               a PPO stage's critic adapter and value head
+        DONE                  the completion marker: the stage's summary (JSON)
+
+Files are written under a temporary name and renamed into place, so a kill never leaves half a file behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kitcli.errors import KitError
+
+LOCK_NAME = "recipe.lock.yaml"
+SECRET_KEY_PARTS = ("token", "api_key", "apikey", "secret", "password")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    staging = path.with_name(path.name + ".tmp")
+    staging.write_text(text, encoding="utf-8")
+    os.replace(staging, path)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every JSON object of a JSONL file; a line cut short by a kill is skipped (a resume rewrites it)."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def redact(value: Any) -> Any:
+    """A copy of `value` with every mapping entry whose key names a secret replaced by "<redacted>": no token
+    reaches a lock file, a config.json or a report."""
+    if isinstance(value, dict):
+        return {k: "<redacted>" if any(p in str(k).lower() for p in SECRET_KEY_PARTS) else redact(v)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class StageDir:
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    # --- what a stage writes ---
+    @property
+    def config(self) -> Path:
+        return self.path / "config.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def alarms(self) -> Path:
+        return self.path / "alarms.jsonl"
+
+    @property
+    def completions(self) -> Path:
+        return self.path / "completions.jsonl"
+
+    @property
+    def samples(self) -> Path:
+        return self.path / "samples.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def adapter(self) -> Path:
+        return self.path / "adapter"
+
+    @property
+    def model(self) -> Path:
+        return self.path / "model"
+
+    @property
+    def merged(self) -> Path:
+        return self.path / "merged"
+
+    @property
+    def critic(self) -> Path:
+        return self.path / "critic"
+
+    @property
+    def done_marker(self) -> Path:
+        return self.path / "DONE"
+
+    # --- reading and writing ---
+    def done(self) -> dict[str, Any] | None:
+        """The summary of a finished stage; None while it has not finished (or its marker is damaged)."""
+        if not self.done_marker.exists():
+            return None
+        try:
+            return json.loads(self.done_marker.read_text())
+        except json.JSONDecodeError:
+            return None
+
+    def write_done(self, summary: dict[str, Any]) -> None:
+        write_atomic(self.done_marker, json.dumps(summary, indent=2, default=str))
+
+    def write_config(self, settings: dict[str, Any]) -> None:
+        write_atomic(self.config, json.dumps(redact(settings), indent=2, default=str))
+
+    def read_config(self) -> dict[str, Any] | None:
+        if not self.config.exists():
+            return None
+        try:
+            return json.loads(self.config.read_text())
+        except json.JSONDecodeError:
+            return None
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.metrics)
+
+    def saved_model(self) -> Path | None:
+        """adapter/ (LoRA) or model/ (full fine-tuning), whichever the stage saved."""
+        for path in (self.adapter, self.model):
+            if path.is_dir():
+                return path
+        return None
+
+    def has_policy(self) -> bool:
+        """Finished, with a saved adapter or model to generate with."""
+        return self.done_marker.exists() and self.saved_model() is not None
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    @property
+    def lock_path(self) -> Path:
+        return self.path / LOCK_NAME
+
+    @property
+    def report(self) -> Path:
+        return self.path / "report.md"
+
+    @property
+    def plots(self) -> Path:
+        return self.path / "plots"
+
+    def stage(self, name: str) -> StageDir:
+        return StageDir(self.path / name)
+
+    def is_run(self) -> bool:
+        return self.lock_path.is_file()
+
+    def read_lock(self) -> dict[str, Any] | None:
+        """The lock file, None when there is none; a damaged one is an error that says so."""
+        import yaml
+
+        if not self.lock_path.exists():
+            return None
+        try:
+            lock = yaml.safe_load(self.lock_path.read_text())
+        except yaml.YAMLError:
+            raise KitError(f"{self.lock_path} is not valid YAML; restore it or choose another --output") from None
+        return lock if isinstance(lock, dict) else {}
+
+    def write_lock(self, lock: dict[str, Any]) -> None:
+        import yaml
+
+        write_atomic(self.lock_path, yaml.safe_dump(lock, sort_keys=False))
+
+
+def find_run(path: Path) -> tuple[RunDir, str | None] | None:
+    """`path` as a run directory (RunDir, None) or a stage directory in one (RunDir, stage name); None otherwise."""
+    path = Path(path)
+    if RunDir(path).is_run():
+        return RunDir(path), None
+    if RunDir(path.parent).is_run():
+        return RunDir(path.parent), path.name
+    return None
