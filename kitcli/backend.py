@@ -22,6 +22,7 @@ from typing import Any
 
 from kitcli import dist
 from kitcli.errors import KitError
+from kitcli.rundir import StageDir
 
 HEAVY_MODULES = ("torch", "transformers", "trl", "peft", "unsloth")
 
@@ -190,11 +191,12 @@ def load_policy(
     path = resolve_model_path(model_name, seed)
     adapter_dir = None
     if init_from is not None:
-        if (init_from / "adapter").is_dir():
-            adapter_dir = init_from / "adapter"
+        init = StageDir(init_from)
+        if init.adapter.is_dir():
+            adapter_dir = init.adapter
             lora = lora_from_adapter(adapter_dir)
-        elif (init_from / "model").is_dir():
-            path, lora = str(init_from / "model"), None
+        elif init.model.is_dir():
+            path, lora = str(init.model), None
         else:
             raise KitError(f"stage output '{init_from}' has no adapter/ or model/; re-run that stage with --force")
     if chosen.startswith("unsloth"):
@@ -306,7 +308,7 @@ def save_model(model, tokenizer, stage_dir: Path) -> Path:
     """Save the adapter (or full model) and tokenizer under a temporary name, then rename into place."""
     import shutil
 
-    final = stage_dir / ("adapter" if is_peft_model(model) else "model")
+    final = StageDir(stage_dir).adapter if is_peft_model(model) else StageDir(stage_dir).model
     state = dist.gathered_state_dict(model)  # sharded weights (ZeRO-3, FSDP) gathered; None otherwise
     if dist.is_main_process():  # under `kit run --launcher` one process writes, the others wait
         staging = stage_dir / (final.name + ".tmp")
@@ -362,11 +364,12 @@ def load_reward_model(
     path = resolve_model_path(model_name, seed)
     adapter_dir = None
     if init_from is not None:
-        if (init_from / "adapter").is_dir():
-            adapter_dir = init_from / "adapter"
+        init = StageDir(init_from)
+        if init.adapter.is_dir():
+            adapter_dir = init.adapter
             lora = lora_from_adapter(adapter_dir)
-        elif (init_from / "model").is_dir():
-            path = str(init_from / "model")
+        elif init.model.is_dir():
+            path = str(init.model)
         else:
             raise KitError(f"stage output '{init_from}' has no adapter/ or model/; re-run that stage with --force")
     loaded = None
@@ -491,14 +494,14 @@ def save_merged_reward_model(stage_dir: Path, *, base: str, dtype: str = "auto",
     from peft import PeftModel
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    final = stage_dir / "merged"
+    final = StageDir(stage_dir).merged
     if not dist.is_main_process():  # under `kit run --launcher` the main process writes it
         dist.barrier()
         return final
     staging = stage_dir / "merged.tmp"
     shutil.rmtree(staging, ignore_errors=True)
-    adapter_dir = stage_dir / "adapter"
-    tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir if adapter_dir.is_dir() else stage_dir / "model"))
+    adapter_dir, model_dir = StageDir(stage_dir).adapter, StageDir(stage_dir).model
+    tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir if adapter_dir.is_dir() else model_dir))
     if adapter_dir.is_dir():
         model = AutoModelForSequenceClassification.from_pretrained(
             base, num_labels=1, dtype=torch_dtype(dtype, cuda_available()), trust_remote_code=trust_remote_code,
@@ -506,7 +509,7 @@ def save_merged_reward_model(stage_dir: Path, *, base: str, dtype: str = "auto",
         _set_pad_token(model, tokenizer)
         model = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
     else:  # full fine-tuning: the saved model is already plain
-        model = AutoModelForSequenceClassification.from_pretrained(str(stage_dir / "model"))
+        model = AutoModelForSequenceClassification.from_pretrained(str(model_dir))
     _set_pad_token(model, tokenizer)
     model.save_pretrained(str(staging))
     tokenizer.save_pretrained(str(staging))
@@ -552,20 +555,10 @@ def attach_reward_adapter(model, adapter_dir: Path, name: str = "reward"):
 
 def load_seq_cls_scorer(path: Path, *, dtype: str = "auto", log=print):
     """A saved AutoModelForSequenceClassification (e.g. a reward stage's `merged/`) for scoring only: frozen, eval
-    mode, on the GPU when there is one. Returns (model, tokenizer)."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    mode, on the GPU when there is one (rewards.reward_model.load_scorer: the `reward_model` reward loads it the same
+    way). Returns (model, tokenizer)."""
+    from rewards.reward_model import load_scorer
 
-    on_gpu = cuda_available()
-    model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch_dtype(dtype, on_gpu),
-                                                               local_files_only=True)
-    if model.config.num_labels != 1:
-        raise KitError(f"reward model '{path}' has {model.config.num_labels} outputs; a reward model has one")
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model.config.pad_token_id = tokenizer.pad_token_id
-    if on_gpu:
-        model = model.to("cuda")
-    model.eval().requires_grad_(False)
+    model, tokenizer = load_scorer(Path(path), torch_dtype(dtype, cuda_available()))
     log(f"reward model: {path} ({type(model).__name__}, loaded separately)")
     return model, tokenizer

@@ -20,8 +20,8 @@ from typing import Any
 import click
 
 from kitcli.errors import KitError, did_you_mean
+from kitcli.rundir import LOCK_NAME, RunDir, StageDir, find_run
 
-LOCK_NAME = "recipe.lock.yaml"
 NOT_POLICIES = ("reward", "eval")  # a reward stage saves a sequence classifier; an eval stage saves nothing
 
 
@@ -45,41 +45,41 @@ class PolicyStage:
         return self.recipe["model"]
 
     @property
+    def dir(self) -> StageDir:
+        return StageDir(self.stage_dir)
+
+    @property
     def kind(self) -> str:
         """`adapter` (LoRA) or `model` (full fine-tuning)."""
-        return "adapter" if (self.stage_dir / "adapter").is_dir() else "model"
+        return "adapter" if self.dir.adapter.is_dir() else "model"
+
+    @property
+    def saved(self) -> Path:
+        return self.dir.saved_model() or self.dir.model
 
 
-def read_run_lock(run_dir: Path) -> dict[str, Any]:
-    import yaml
-
+def read_run_lock(run: RunDir) -> dict[str, Any]:
     try:
-        lock = yaml.safe_load((run_dir / LOCK_NAME).read_text())
-    except (OSError, yaml.YAMLError) as error:
-        raise KitError(f"cannot read {run_dir / LOCK_NAME} ({error}); is {run_dir} a kit run directory?") from None
+        lock = run.read_lock()
+    except (OSError, KitError) as error:
+        raise KitError(f"cannot read {run.lock_path} ({error}); is {run.path} a kit run directory?") from None
     if not isinstance(lock, dict) or not isinstance(lock.get("recipe"), dict):
-        raise KitError(f"{run_dir / LOCK_NAME} has no 'recipe'; it was not written by `kit run`")
+        raise KitError(f"{run.lock_path} has no 'recipe'; it was not written by `kit run`")
     return lock
-
-
-def saved_policy(stage_dir: Path) -> bool:
-    return (stage_dir / "DONE").exists() and ((stage_dir / "adapter").is_dir() or (stage_dir / "model").is_dir())
 
 
 def resolve_policy_stage(path: str | Path, command: str) -> PolicyStage:
     """`RUN_DIR` (the last finished stage that saved a policy) or `RUN_DIR/STAGE`."""
-    target = Path(path)
-    if (target / LOCK_NAME).exists():
-        run_dir, wanted = target, None
-    elif (target.parent / LOCK_NAME).exists():
-        run_dir, wanted = target.parent, target.name
-    else:
+    found = find_run(Path(path))
+    if found is None:
         raise KitError(f"'{path}' is not a run directory (no {LOCK_NAME} in it or its parent); give the directory "
                        f"`kit run` printed, e.g. `kit {command} runs/<name>-<time>` or `.../<stage>`")
-    lock = read_run_lock(run_dir)
+    run, wanted = found
+    run_dir = run.path
+    lock = read_run_lock(run)
     stages = [s for s in lock["recipe"].get("stages", []) if isinstance(s, dict) and "name" in s]
     if wanted is None:
-        finished = [s for s in stages if s.get("type") not in NOT_POLICIES and saved_policy(run_dir / s["name"])]
+        finished = [s for s in stages if s.get("type") not in NOT_POLICIES and run.stage(s["name"]).has_policy()]
         if not finished:
             raise KitError(f"{run_dir} has no finished stage that saved a policy (an adapter/ or model/ with DONE); "
                            f"finish the run first: `kit run {lock.get('source', 'RECIPE')} --output {run_dir}`")
@@ -95,7 +95,7 @@ def resolve_policy_stage(path: str | Path, command: str) -> PolicyStage:
                      else "an eval stage (it saves no model)")
             raise KitError(f"stage '{wanted}' is {other}; `kit {command}` needs a policy stage "
                            f"({', '.join(s['name'] for s in stages if s.get('type') not in NOT_POLICIES)})")
-        if not saved_policy(run_dir / wanted):
+        if not run.stage(wanted).has_policy():
             raise KitError(f"stage '{wanted}' of {run_dir} has not finished (no DONE with an adapter/ or model/); "
                            f"finish it with `kit run {lock.get('source', 'RECIPE')} --output {run_dir}`")
     return PolicyStage(run_dir=run_dir, stage_dir=run_dir / stage["name"], stage=stage, lock=lock)

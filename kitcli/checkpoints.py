@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from kitcli import dist
 from kitcli.errors import KitError
+from kitcli.rundir import StageDir
 
 if TYPE_CHECKING:
     from kitcli.context import StageContext
@@ -40,7 +41,7 @@ def step_of(checkpoint: Path) -> int:
 
 def checkpoints(stage_dir: Path) -> list[Path]:
     """Finished checkpoints (their trainer_state.json, written last, exists), oldest first."""
-    found = [p for p in (stage_dir / "checkpoints").glob("checkpoint-*")
+    found = [p for p in StageDir(stage_dir).checkpoints.glob("checkpoint-*")
              if p.name.split("-")[-1].isdigit() and (p / "trainer_state.json").exists()]
     return sorted(found, key=step_of)
 
@@ -126,14 +127,11 @@ def first_setting_difference(saved: dict[str, Any], now: dict[str, Any]) -> tupl
 
 def check_settings(stage_dir: Path, checkpoint: Path, settings: dict[str, Any], where: str) -> None:
     """The stage's config.json (written when the interrupted run started) must equal what it would be now."""
-    path = stage_dir / "config.json"
-    if not path.exists():
-        raise KitError(f"{where}: {checkpoint.name} has no record of the settings it was trained with "
-                       f"({path} is missing); {way_out(stage_dir, checkpoint)}")
-    try:
-        saved = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        raise KitError(f"{where}: {path} is not valid JSON; {way_out(stage_dir, checkpoint)}") from None
+    path = StageDir(stage_dir).config
+    saved = StageDir(stage_dir).read_config()
+    if saved is None:
+        raise KitError(f"{where}: {checkpoint.name} has no record of the settings it was trained with ({path} is "
+                       f"missing or damaged); {way_out(stage_dir, checkpoint)}")
     found = first_setting_difference(saved, json.loads(json.dumps(settings, default=str)))
     if found:
         key, before, now = found
@@ -270,9 +268,14 @@ def restore_counters(trainer, checkpoint: Path) -> None:
         trainer._total_train_tokens = saved["attributes"]["total_train_tokens"]
 
 
-def train(trainer, checkpoint: Path | None, where: str) -> None:
+def train(trainer, checkpoint: Path | None, where: str, stop_every: int = 1) -> None:
     """trainer.train(), from `checkpoint` when given: the kit restores the weights (every adapter, in place) and
-    TRL's running counts, the Trainer the optimizer, scheduler, RNG states and data position."""
+    TRL's running counts, the Trainer the optimizer, scheduler, RNG states and data position. A Ctrl-C or SIGTERM
+    saves a checkpoint (at a step that is a multiple of `stop_every`) and ends training; free disk is checked
+    before every checkpoint."""
+    from kitcli.interrupt import make_stop_callback
+
+    trainer.add_callback(make_stop_callback(Path(trainer.args.output_dir), stop_every))
     trainer.add_callback(make_counters_callback(trainer))
     if checkpoint is None:
         trainer.train()
@@ -293,8 +296,8 @@ def stage_lora(ctx: StageContext) -> dict[str, Any] | None:
     from kitcli.backend import lora_from_adapter
 
     init = ctx.init_dir
-    if init is not None and (init / "adapter" / "adapter_config.json").is_file():
-        return lora_from_adapter(init / "adapter")
+    if init is not None and (StageDir(init).adapter / "adapter_config.json").is_file():
+        return lora_from_adapter(StageDir(init).adapter)
     return ctx.recipe.data["lora"]
 
 

@@ -21,23 +21,20 @@ from typing import Any
 import click
 
 from kitcli.errors import KitError
+from kitcli.rundir import RunDir, StageDir
 
-LOCK_NAME = "recipe.lock.yaml"
-MODEL_OUTPUTS = ("adapter", "model")
 NOT_POLICIES = ("eval", "reward")  # stage types whose output is not a policy to generate with
 
 
 def read_lock(run_dir: Path) -> dict[str, Any]:
-    import yaml
-
     try:
-        return yaml.safe_load((run_dir / LOCK_NAME).read_text()) or {}
-    except yaml.YAMLError:
-        raise KitError(f"{run_dir / LOCK_NAME} is not valid YAML; restore it from the run") from None
+        return RunDir(run_dir).read_lock() or {}
+    except KitError:
+        raise KitError(f"{RunDir(run_dir).lock_path} is not valid YAML; restore it from the run") from None
 
 
 def has_model(stage_dir: Path) -> bool:
-    return any((stage_dir / name).is_dir() for name in MODEL_OUTPUTS)
+    return StageDir(stage_dir).saved_model() is not None
 
 
 def resolve_target(target: str) -> dict[str, Any]:
@@ -45,7 +42,7 @@ def resolve_target(target: str) -> dict[str, Any]:
     from kitcli.recipe import DEFAULT_MODEL, validate_model
 
     path = Path(target).expanduser()
-    if path.is_dir() and (path / LOCK_NAME).is_file():
+    if path.is_dir() and RunDir(path).is_run():
         lock = read_lock(path)
         stages = [s for s in lock.get("recipe", {}).get("stages", []) if s.get("type") not in NOT_POLICIES]
         trained = [s["name"] for s in stages if has_model(path / s["name"])]
@@ -55,13 +52,13 @@ def resolve_target(target: str) -> dict[str, Any]:
                            f"the run, or give a model name")
         return {"model": lock["recipe"]["model"], "init_dir": path / trained[-1], "label": f"{path.name}/{trained[-1]}",
                 "run_dir": path, "seed": lock.get("seed", 42)}
-    if path.is_dir() and (path.parent / LOCK_NAME).is_file():
+    if path.is_dir() and RunDir(path.parent).is_run():
         lock = read_lock(path.parent)
         stages = {s["name"]: s for s in lock.get("recipe", {}).get("stages", [])}
         kind = stages.get(path.name, {}).get("type")
         if kind == "reward":
             raise KitError(f"{path}: a reward stage is a scorer, not a policy; evaluate a policy with it as a reward: "
-                           f"--reward '{{name: reward_model, args: {{path: {path / 'merged'}}}}}'")
+                           f"--reward '{{name: reward_model, args: {{path: {StageDir(path).merged}}}}}'")
         if not has_model(path):
             why = "an eval stage saves no model" if kind == "eval" else "it has no adapter/ or model/ (not finished?)"
             trained = [n for n, s in stages.items()
@@ -156,7 +153,7 @@ def eval_command(target: str, data: str, rewards: tuple[str, ...], n: int, tempe
         out = Path(output)
         out.mkdir(parents=True, exist_ok=True)
         (out / "eval.json").write_text(json.dumps(summary, indent=2, default=str))
-        write_samples(out / "samples.jsonl", records)
+        write_samples(StageDir(out).samples, records)
         log(f"wrote {out / 'eval.json'} and {out / 'samples.jsonl'}")
     print_scores(summary, console)
     if as_json:

@@ -28,6 +28,7 @@ import click
 
 from kitcli.chat import PolicyStage, resolve_policy_stage
 from kitcli.errors import KitError
+from kitcli.rundir import RunDir
 
 TARGETS = ("lora", "merged", "gguf")
 QUANTS = ("q4_k_m", "q8_0", "f16")
@@ -86,7 +87,7 @@ def stage_tokenizer(policy: PolicyStage):
     """The tokenizer the stage saved (with the chat template it trained with)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(policy.stage_dir / policy.kind),
+    return AutoTokenizer.from_pretrained(str(policy.saved),
                                          trust_remote_code=policy.model.get("trust_remote_code", False))
 
 
@@ -97,7 +98,7 @@ def check_exportable(policy: PolicyStage, to: str) -> None:
 
 
 def export_lora(policy: PolicyStage, staging: Path) -> dict[str, Any]:
-    for item in (policy.stage_dir / "adapter").iterdir():
+    for item in policy.dir.adapter.iterdir():
         if item.is_file():
             shutil.copy2(item, staging / item.name)
     config = json.loads((staging / "adapter_config.json").read_text())
@@ -156,12 +157,7 @@ def export_gguf(policy: PolicyStage, staging: Path, quant: str, tools: tuple[str
 def stage_results(policy: PolicyStage) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
     results = []
     for stage in policy.recipe.get("stages", []):
-        marker = policy.run_dir / stage["name"] / "DONE"
-        try:
-            done = json.loads(marker.read_text()) if marker.exists() else None
-        except json.JSONDecodeError:
-            done = None
-        results.append((stage, done))
+        results.append((stage, RunDir(policy.run_dir).stage(stage["name"]).done()))
     return results
 
 

@@ -27,6 +27,7 @@ from typing import Any
 from rich.console import Console
 
 from kitcli.alarms import AlarmMonitor
+from kitcli.rundir import StageDir, read_jsonl
 
 # Metrics that matter for each stage type, in display order: (logged key, short label). A key with `*` matches
 # any logged key of that shape (`rewards/*/mean`: one entry per reward function).
@@ -286,12 +287,12 @@ class StageDashboard:
         (self.latest_eval if evaluating else self.latest).update(logs)
         alarms = self.monitor.update(step, logs)
         if alarms:
-            with open(self.metrics_path.with_name("alarms.jsonl"), "a", encoding="utf-8") as f:
+            with open(StageDir(self.metrics_path.parent).alarms, "a", encoding="utf-8") as f:
                 for alarm in alarms:
                     f.write(json.dumps({"stage": self.name, **alarm.as_dict()}) + "\n")
         if samples:
             self.samples = samples[-SAMPLES_SHOWN:]
-            with open(self.metrics_path.with_name("completions.jsonl"), "a", encoding="utf-8") as f:
+            with open(StageDir(self.metrics_path.parent).completions, "a", encoding="utf-8") as f:
                 for sample in self.samples:
                     f.write(json.dumps(json_safe({"step": step, **sample}), ensure_ascii=False, default=str) + "\n")
         self.show(step, logs, alarms, evaluating)
@@ -437,21 +438,14 @@ class StageDashboard:
 # --- metrics files ------------------------------------------------------------------------------------------
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut short by a kill; the resumed run rewrites from its checkpoint
-    return rows
+    return read_jsonl(path)
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
     """On resume from checkpoint N, drop lines logged after step N (they will be logged again), in metrics.jsonl
     and the stage's alarms.jsonl / completions.jsonl."""
-    for target in (path, path.with_name("alarms.jsonl"), path.with_name("completions.jsonl")):
+    stage = StageDir(path.parent)
+    for target in (path, stage.alarms, stage.completions):
         if target == path or target.exists():
             kept = [row for row in read_metrics(target) if row.get("step", 0) <= last_step]
             target.write_text("".join(json.dumps(row) + "\n" for row in kept))
@@ -496,16 +490,11 @@ def make_progress_callback(stage_name: str, metrics_path: Path, console: Console
     return KitProgress()
 
 
-def attach_progress(trainer, stage_name: str, metrics_path: Path, console: Console, *, stop_every: int = 1,
-                    **options) -> None:
+def attach_progress(trainer, stage_name: str, metrics_path: Path, console: Console, **options) -> None:
     """Replace transformers' printer and tqdm callbacks with the kit's display (options: make_progress_callback's
-    keyword arguments), and add the clean-stop / disk-check callback (stopping at a multiple of `stop_every`)."""
+    keyword arguments)."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(make_progress_callback(stage_name, metrics_path, console, trainer=trainer, **options))
-    # Every trainer-based stage stops cleanly on Ctrl-C / SIGTERM and checks disk before its checkpoints.
-    from kitcli.interrupt import make_stop_callback
-
-    trainer.add_callback(make_stop_callback(metrics_path.parent / "checkpoints", stop_every))

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from kitcli.errors import KitError
+from kitcli.rundir import LOCK_NAME, RunDir, StageDir, read_jsonl
 
-REPORT_NAME = "report.md"
-PLOTS_DIR = "plots"
 
 # The curves of each stage type: (panel title, y label, logged keys; `*` matches a part of a key).
 PANELS: dict[str, list[tuple[str, str, list[str]]]] = {
@@ -95,42 +94,21 @@ class RunRecord:
         return [s for s in self.stages if s.type == "eval" and s.done is not None]
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
-
-
 def load_run(run_dir: Path) -> RunRecord:
-    import yaml
-
-    run_dir = Path(run_dir)
-    lock_path = run_dir / "recipe.lock.yaml"
-    if not lock_path.is_file():
-        raise KitError(f"{run_dir} is not a kit run directory (no recipe.lock.yaml); give the directory `kit run` "
+    run = RunDir(Path(run_dir))
+    if not run.is_run():
+        raise KitError(f"{run.path} is not a kit run directory (no {LOCK_NAME}); give the directory `kit run` "
                        f"printed (runs/<name>-<timestamp>)")
     try:
-        lock = yaml.safe_load(lock_path.read_text()) or {}
-    except yaml.YAMLError:
-        raise KitError(f"{lock_path} is not valid YAML; restore it from the run") from None
+        lock = run.read_lock() or {}
+    except KitError:
+        raise KitError(f"{run.lock_path} is not valid YAML; restore it from the run") from None
     stages = []
     for index, stage in enumerate(lock.get("recipe", {}).get("stages", []), start=1):
-        directory = run_dir / stage["name"]
-        done = None
-        if (directory / "DONE").exists():
-            try:
-                done = json.loads((directory / "DONE").read_text())
-            except json.JSONDecodeError:
-                done = None
-        stages.append(StageRecord(stage, index, directory, done, read_jsonl(directory / "metrics.jsonl"),
-                                  read_jsonl(directory / "alarms.jsonl"), read_jsonl(directory / "completions.jsonl")))
-    return RunRecord(run_dir, lock, stages)
+        directory = run.stage(stage["name"])
+        stages.append(StageRecord(stage, index, directory.path, directory.done(), directory.read_metrics(),
+                                  read_jsonl(directory.alarms), read_jsonl(directory.completions)))
+    return RunRecord(run.path, lock, stages)
 
 
 # --- evaluation tables (also used by the runner's summary and bench/seeds.py) --------------------------------
@@ -326,7 +304,7 @@ def message_text(value: Any, limit: int = 160) -> str:
 def write_report(run_dir: Path) -> Path:
     """Write `<run_dir>/report.md` and `<run_dir>/plots/*.png`; returns the report's path."""
     run = load_run(Path(run_dir))
-    plots = run.run_dir / PLOTS_DIR
+    plots = RunDir(run.run_dir).plots
     plots.mkdir(exist_ok=True)
     recipe = run.lock.get("recipe", {})
     versions = run.lock.get("versions", {})
@@ -354,7 +332,7 @@ def write_report(run_dir: Path) -> Path:
         figure = eval_figure(evals)
         if figure is not None:
             save_figure(figure, plots / "eval.png")
-            lines += [f"![held-out evaluation]({PLOTS_DIR}/eval.png)", ""]
+            lines += [f"![held-out evaluation]({plots.name}/eval.png)", ""]
 
     for record in run.stages:
         lines += [f"## Stage {record.index}: {record.name} ({record.type})", ""]
@@ -368,7 +346,7 @@ def write_report(run_dir: Path) -> Path:
         figure = stage_figure(f"stage {record.index}: {record.name} ({record.type})", record.type, record.metrics)
         if figure is not None:
             save_figure(figure, plots / f"{record.name}.png")
-            lines += [f"![{record.name} training curves]({PLOTS_DIR}/{record.name}.png)", ""]
+            lines += [f"![{record.name} training curves]({plots.name}/{record.name}.png)", ""]
             keys = [k for _, _, ks in stage_panels(record.type, record.metrics) for k in ks]
             lines += [markdown_table(["metric", "first", "last", "min", "max"], curve_summary(record.metrics, keys)),
                       ""]
@@ -387,7 +365,7 @@ def write_report(run_dir: Path) -> Path:
                                                                          if isinstance(v, (int, float))))),
                                        message_text(c.get("prompt", ""), 80), message_text(c.get("completion", ""))]
                                       for c in recent]), ""]
-    path = run.run_dir / REPORT_NAME
+    path = RunDir(run.run_dir).report
     path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
     return path
 
@@ -396,7 +374,7 @@ def eval_section(record: StageRecord, shown: int = 5) -> list[str]:
     lines = []
     if record.done:
         lines += [f"Model: {record.stage.get('init') or 'base'}; {record.done.get('headline', '')}", ""]
-    samples = read_jsonl(record.directory / "samples.jsonl")[:shown]
+    samples = read_jsonl(StageDir(record.directory).samples)[:shown]
     if samples:
         header = ["prompt", "completion"] + (["answer", "correct"] if "answer" in samples[0] else []) + \
             (["reward"] if "reward" in samples[0] else [])

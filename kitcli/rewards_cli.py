@@ -164,7 +164,7 @@ def rewards_preview(recipe: str, stage_name: str | None, count: int, run_dir: st
 
     Samples N completions (one per prompt) from the stage's starting model on the stage's data, scores them with
     every reward of the stage, and warns about rewards that are constant over the sample or fail."""
-    from rewards.preview import preview
+    from kitcli.preview import preview
 
     if count < 1:
         raise KitError("-n must be at least 1")

@@ -36,9 +36,8 @@ from kitcli.errors import KitError
 from kitcli.progress import emit_json, stage_display
 from kitcli.context import StageContext
 from kitcli.recipe import STAGE_MODULES, Recipe
-from kitcli.rundir import LOCK_NAME, redact, write_atomic
+from kitcli.rundir import RunDir, StageDir, redact
 
-DONE_NAME = "DONE"
 PACKAGES = ("torch", "transformers", "trl", "peft", "unsloth", "unsloth_zoo", "bitsandbytes", "datasets",
             "accelerate")
 
@@ -78,16 +77,6 @@ def make_lock(recipe: Recipe) -> dict[str, Any]:
     }
 
 
-def read_lock(run_dir: Path) -> dict[str, Any] | None:
-    path = run_dir / LOCK_NAME
-    if not path.exists():
-        return None
-    try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError:
-        raise KitError(f"{path} is not valid YAML; restore it or choose another --output") from None
-
-
 def first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(set(a) | set(b), key=str):
@@ -118,7 +107,7 @@ def choose_run_dir(recipe: Recipe, output: str | None, lock: dict[str, Any]) -> 
     pattern = re.compile(re.escape(recipe.name) + r"-\d{8}-\d{6}$")
     if runs.is_dir():
         for candidate in sorted((p for p in runs.iterdir() if pattern.match(p.name)), reverse=True):
-            existing = read_lock(candidate)
+            existing = RunDir(candidate).read_lock()
             if existing and same_run(existing, lock) is None:
                 return candidate
     return runs / f"{recipe.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
@@ -153,7 +142,7 @@ def check_resumable_stages(recipe: Recipe, run_dir: Path, existing: dict[str, An
     for stage in recipe.stages:
         ctx = StageContext(recipe, stage, run_dir, console, outputs)
         checkpoint = last_checkpoint(ctx.stage_dir)
-        if checkpoint is None or stage_done(ctx.stage_dir) is not None:
+        if checkpoint is None or ctx.dir.done() is not None:
             continue
         check_files(checkpoint, required_files(stage["type"], checkpoint))
         before = without_volatile((existing.get("resolved") or {}).get(ctx.name))
@@ -170,16 +159,6 @@ def lookup(tree: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         tree = tree.get(part) if isinstance(tree, dict) else None
     return tree
-
-
-def stage_done(stage_dir: Path) -> dict[str, Any] | None:
-    marker = stage_dir / DONE_NAME
-    if not marker.exists():
-        return None
-    try:
-        return json.loads(marker.read_text())
-    except json.JSONDecodeError:
-        return None
 
 
 def preflight(recipe: Recipe, run_dir: Path, console: Console) -> list[dict[str, Any]]:
@@ -212,7 +191,7 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
     described = preflight(recipe, run_dir, console)
     lock["resolved"] = redact({s["name"]: d for s, d in zip(recipe.stages, described)})  # e.g. variant presets
     if main:
-        existing = read_lock(run_dir)
+        existing = RunDir(run_dir).read_lock()
         if existing is not None:
             differs = same_run(existing, lock)
             if differs and not force:
@@ -226,7 +205,7 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
         if existing is not None and not force and existing.get("rewritten by the trainer"):
             lock["rewritten by the trainer"] = existing["rewritten by the trainer"]  # finished stages keep theirs
         if existing is None or force or not same_resolution(existing, lock):
-            write_atomic(run_dir / LOCK_NAME, yaml.safe_dump(lock, sort_keys=False))
+            RunDir(run_dir).write_lock(lock)
     dist.barrier()
     console.print(f"run directory: {run_dir}", highlight=False, markup=False)
     if recipe.data["model"].get("trust_remote_code"):
@@ -238,7 +217,7 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
     total = len(recipe.stages)
     for index, stage in enumerate(recipe.stages, start=1):
         ctx = StageContext(recipe, stage, run_dir, console, outputs)
-        done = stage_done(ctx.stage_dir)
+        done = ctx.dir.done()
         if done is not None and not force:
             console.print(f"stage {index}/{total} {stage['name']} ({stage['type']}): finished earlier, skipping",
                           highlight=False, markup=False)
@@ -253,7 +232,7 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
         if not main and stage["type"] == "eval":  # generation is not distributed: the main process evaluates
             dist.barrier()
             outputs[stage["name"]] = ctx.stage_dir
-            results.append((stage, stage_done(ctx.stage_dir) or {}, "ran (main process)"))
+            results.append((stage, ctx.dir.done() or {}, "ran (main process)"))
             continue
         console.rule(f"stage {index}/{total}: {stage['name']} ({stage['type']})")
         started = time.time()
@@ -263,10 +242,10 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
         if summary.get("resumed_from"):
             summary["resumed"] = resumed_note(summary["resumed_from"], stage["type"])
         if main:
-            write_atomic(ctx.stage_dir / DONE_NAME, json.dumps(summary, indent=2, default=str))
+            ctx.dir.write_done(summary)
             if summary.get("rewritten"):  # what the trainer changed when it was built, beside what preflight saw
                 lock.setdefault("rewritten by the trainer", {})[ctx.name] = summary["rewritten"]
-                write_atomic(run_dir / LOCK_NAME, yaml.safe_dump(lock, sort_keys=False))
+                RunDir(run_dir).write_lock(lock)
         dist.barrier()
         outputs[stage["name"]] = ctx.stage_dir
         results.append((stage, summary, "ran"))

@@ -283,7 +283,9 @@ def reward_model(path: str | None = None, stage: str | None = None, batch_size: 
         if run_dir is None:
             raise KitError(f"reward_model stage: '{stage}' needs the run directory, which is not known here; give "
                            f"path: <run>/{stage}/merged instead (or pass --run-dir)")
-        model_dir = Path(run_dir) / str(stage) / "merged"
+        from kitcli.rundir import RunDir
+
+        model_dir = RunDir(Path(run_dir)).stage(str(stage)).merged
     else:
         model_dir = Path(str(path)).expanduser()
         if not model_dir.is_absolute() and base_dir is not None:

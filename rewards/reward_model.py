@@ -8,6 +8,29 @@ from typing import Any
 from kitcli.errors import KitError
 
 
+def load_scorer(model_dir: Path, dtype=None):
+    """(model, tokenizer) of a saved sequence-classification model with one output (a reward stage's merged/),
+    frozen, in eval mode, on the GPU when there is one, with the pad token set so the last real token is scored.
+    `dtype` (a torch dtype): by default bfloat16 (or float16) on a GPU, float32 on a CPU."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    if dtype is None:
+        dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if torch.cuda.is_available() \
+            else torch.float32
+    model = AutoModelForSequenceClassification.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
+    if model.config.num_labels != 1:
+        raise KitError(f"reward model '{model_dir}' has {model.config.num_labels} outputs; a reward model has one")
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.config.pad_token_id = tokenizer.pad_token_id
+    if torch.cuda.is_available():
+        model.to("cuda")
+    model.eval().requires_grad_(False)
+    return model, tokenizer
+
+
 class RewardModelScorer:
     def __init__(self, model_dir: Path, *, batch_size: int = 8, max_length: int = 1024, stage: str | None = None):
         self.model_dir = Path(model_dir)
@@ -22,17 +45,7 @@ class RewardModelScorer:
                 hint = (f"run the reward stage '{self.stage}' first" if self.stage
                         else "give a directory written by a reward stage (<run>/<stage>/merged)")
                 raise KitError(f"reward_model: no model at {self.model_dir} (config.json missing); {hint}")
-            import torch
-
-            from kitcli.backend import load_reward_model
-
-            with torch.random.fork_rng():  # the loader seeds torch; keep the trainer's random stream as it was
-                loaded = load_reward_model(str(self.model_dir), max_seq_length=self.max_length, load_in_4bit=False,
-                                           lora=None, log=lambda message: None, label="reward model")
-            if torch.cuda.is_available() and loaded.model.device.type == "cpu":
-                loaded.model.to("cuda")  # the transformers fallback loads on the CPU
-            loaded.model.eval()
-            self.loaded = loaded
+            self.loaded = load_scorer(self.model_dir)
         return self.loaded
 
     def texts(self, tokenizer, prompts: list[Any], completions: list[Any]) -> list[str]:
@@ -52,8 +65,7 @@ class RewardModelScorer:
     def score(self, prompts: list[Any], completions: list[Any]) -> list[float]:
         import torch
 
-        loaded = self.load()
-        model, tokenizer = loaded.model, loaded.tokenizer
+        model, tokenizer = self.load()
         texts = self.texts(tokenizer, prompts, completions)
         scores: list[float] = []
         with torch.inference_mode():

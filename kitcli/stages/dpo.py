@@ -78,7 +78,7 @@ def stage_defaults(ctx: StageContext) -> dict[str, Any]:
 
 def make_config(ctx: StageContext):
     config = build_config(trainers.config_class("dpo"), stage_defaults=stage_defaults(ctx), train=ctx.stage.get("train", {}),
-                          where=ctx.where, output_dir=ctx.stage_dir / "checkpoints", seed=ctx.seed,
+                          where=ctx.where, output_dir=ctx.dir.checkpoints, seed=ctx.seed,
                           on_gpu=cuda_available())
     if config.sync_ref_model and ctx.recipe.data["lora"] is not None:
         raise KitError(f"{ctx.where}: train.sync_ref_model does not work with LoRA (the reference is a frozen "
@@ -114,7 +114,7 @@ def build_trainer(ctx: StageContext, config=None):
 
 def run(ctx: StageContext) -> dict[str, Any]:
     config = make_config(ctx)
-    metrics_path = ctx.stage_dir / "metrics.jsonl"
+    metrics_path = ctx.dir.metrics
     resume = resume_checkpoint(ctx, metrics_path, config_dict(config))
     trainer, loaded, reference = build_trainer(ctx, config)
     attach_progress(trainer, ctx.name, metrics_path, ctx.console)

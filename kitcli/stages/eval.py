@@ -198,6 +198,6 @@ def run(ctx: StageContext) -> dict[str, Any]:
                                log=ctx.log, label="evaluated model")
     summary, records = evaluate_rows(loaded.model, loaded.tokenizer, rows, settings, rewards, seed=ctx.seed,
                                      log=ctx.log, where=ctx.where)
-    write_samples(ctx.stage_dir / "samples.jsonl", records)
+    write_samples(ctx.dir.samples, records)
     ctx.log(f"{ctx.name}: {summary['headline']}")
     return summary

@@ -274,7 +274,7 @@ def make_config(ctx: StageContext, defaults: dict[str, Any]):
     from kitcli.trainers import config_class
 
     return build_config(config_class("grpo"), stage_defaults=defaults, train=ctx.stage.get("train", {}), where=ctx.where,
-                        output_dir=ctx.stage_dir / "checkpoints", seed=ctx.seed, on_gpu=cuda_available())
+                        output_dir=ctx.dir.checkpoints, seed=ctx.seed, on_gpu=cuda_available())
 
 
 def describe_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -305,7 +305,7 @@ def load_reward_scorer(ctx: StageContext):
     from kitcli.backend import load_seq_cls_scorer
 
     stage = reward_model_stage(ctx)
-    merged = ctx.outputs[stage] / "merged"
+    merged = ctx.output(stage).merged
     if not (merged / "config.json").exists():
         raise KitError(f"{ctx.where}: reward stage '{stage}' left no merged model in {merged}; re-run it with --force")
     model, tokenizer = load_seq_cls_scorer(merged, dtype=ctx.model["dtype"], log=ctx.log)
@@ -366,12 +366,12 @@ def window_mean(values: list[float], first: bool) -> float | None:
 def train_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     check_references(ctx)
     config = make_config(ctx, resolved_defaults(ctx, preset, load_reward_functions(ctx)))
-    metrics_path = ctx.stage_dir / "metrics.jsonl"
+    metrics_path = ctx.dir.metrics
     resume = resume_checkpoint(ctx, metrics_path, config_dict(config))
     trainer, loaded, config = build_trainer(ctx, preset, config)
-    attach_progress(trainer, ctx.name, metrics_path, ctx.console, stop_every=generation_cycle(vars(config)))
+    attach_progress(trainer, ctx.name, metrics_path, ctx.console)
     try:
-        train(trainer, resume, ctx.where)
+        train(trainer, resume, ctx.where, stop_every=generation_cycle(vars(config)))
     except KitError as error:  # a reward failed: say which stage, keep the checkpoints
         raise KitError(f"{ctx.where}: {error.message}") from None
     model = loaded.model

@@ -38,6 +38,7 @@ from kitcli import interrupt
 from kitcli.backend import cuda_available, load_stage_policy, resolve_model_path, save_model
 from kitcli.data import read_rows, require_columns
 from kitcli.errors import KitError, did_you_mean
+from kitcli.rundir import StageDir
 from kitcli.progress import StageDashboard, read_metrics
 from kitcli.checkpoints import resume_checkpoint
 from kitcli.context import StageContext
@@ -172,7 +173,7 @@ def stage_defaults(ctx: StageContext) -> dict[str, Any]:
 
 def make_config(ctx: StageContext) -> PPOConfig:
     config = build_config(PPOConfig, stage_defaults=stage_defaults(ctx), train=ctx.stage.get("train", {}),
-                          where=ctx.where, output_dir=ctx.stage_dir / "checkpoints", seed=ctx.seed,
+                          where=ctx.where, output_dir=ctx.dir.checkpoints, seed=ctx.seed,
                           on_gpu=cuda_available())
     limit = ctx.model["max_seq_length"]
     if config.response_length >= limit:
@@ -388,7 +389,7 @@ def reward_shares_base(ctx: StageContext, rm_dir: Path, policy_quantized: bool) 
     """A reward stage's adapter can sit on the policy's base when it was trained on that base in the same form.
     Reward models train as sequence classification, which is 4-bit only on a GPU (Unsloth's CPU loader cannot
     do it: backend.load_reward_model), so on a CPU a 4-bit policy base gets the merged reward model instead."""
-    if not (rm_dir / "adapter" / "adapter_model.safetensors").is_file():
+    if not (StageDir(rm_dir).adapter / "adapter_model.safetensors").is_file():
         return False  # fully fine-tuned reward model: only the merged model exists
     reward_quantized = cuda_available() and ctx.model["load_in_4bit"]
     return reward_quantized == policy_quantized
@@ -429,12 +430,12 @@ def setup_models(ctx: StageContext, config: PPOConfig) -> PPOModels:
     spec = reward_model_spec(ctx)
     if spec is not None:
         if "stage" in spec and reward_shares_base(ctx, ctx.outputs[spec["stage"]], loaded.load_in_4bit):
-            head = attach_reward_adapter(model, ctx.outputs[spec["stage"]] / "adapter", REWARD)
+            head = attach_reward_adapter(model, ctx.output(spec["stage"]).adapter, REWARD)
             reward_model = RewardModel(tokenizer=tokenizer, name=spec["stage"], weight=spec["weight"], head=head,
                                        adapter=REWARD)
             layout.append(f"reward model: adapter '{REWARD}' + score head of stage '{spec['stage']}' (frozen)")
         else:
-            path = ctx.outputs[spec["stage"]] / "merged" if "stage" in spec else spec["path"]
+            path = ctx.output(spec["stage"]).merged if "stage" in spec else spec["path"]
             if not (path / "config.json").is_file():
                 raise KitError(f"{ctx.where}: reward stage '{spec['stage']}' left no merged model in {path}; re-run "
                                f"it with --force")
@@ -442,7 +443,7 @@ def setup_models(ctx: StageContext, config: PPOConfig) -> PPOModels:
             name = spec.get("stage") or str(path)
             reward_model = RewardModel(tokenizer=scorer_tokenizer, name=name, weight=spec["weight"], model=scorer)
             copies = 2
-            adapter = "stage" in spec and (ctx.outputs[spec["stage"]] / "adapter").is_dir()
+            adapter = "stage" in spec and ctx.output(spec["stage"]).adapter.is_dir()
             why = "its adapter was trained on the base in another precision" if adapter else "its own weights"
             layout.append(f"reward model: {path} loaded separately ({why}; a second copy of base weights)")
     disable_dropout(model)
@@ -784,7 +785,7 @@ def save_checkpoint(ctx: StageContext, models: PPOModels, optimizer, scheduler, 
     import numpy as np
     import torch
 
-    root = ctx.stage_dir / "checkpoints"
+    root = ctx.dir.checkpoints
     final = root / f"checkpoint-{step}"
     staging = root / f"checkpoint-{step}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
@@ -833,7 +834,7 @@ def load_checkpoint(checkpoint: Path, models: PPOModels, optimizer, scheduler, k
 
 def save_critic(models: PPOModels, stage_dir: Path) -> Path:
     """<stage_dir>/critic/: the critic adapter in PEFT format and value_head.safetensors."""
-    final = stage_dir / "critic"
+    final = StageDir(stage_dir).critic
     staging = stage_dir / "critic.tmp"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -921,7 +922,7 @@ def train(ctx: StageContext, config: PPOConfig, models: PPOModels, rows, reward_
     optimizer, scheduler, scaler = make_optimizer(models, config, updates)
     kl_ctl = KLController(config.kl_coef, config.adaptive_kl_ctrl, config.kl_target, config.kl_horizon)
     set_seed(config.seed)
-    metrics_path = ctx.stage_dir / "metrics.jsonl"
+    metrics_path = ctx.dir.metrics
     step = 0
     if resume is not None:
         step = load_checkpoint(resume, models, optimizer, scheduler, kl_ctl)
@@ -951,7 +952,7 @@ def train(ctx: StageContext, config: PPOConfig, models: PPOModels, rows, reward_
                 dashboard.log(step, logged, samples=rollout_samples(batch, rollout))
                 pending = []
             if interrupt.requested() or (step % config.save_steps == 0 and step < steps):
-                interrupt.check_free_disk(ctx.stage_dir / "checkpoints", interrupt.checkpoint_bytes(models.model),
+                interrupt.check_free_disk(ctx.dir.checkpoints, interrupt.checkpoint_bytes(models.model),
                                           f"checkpoint-{step}")
                 save_checkpoint(ctx, models, optimizer, scheduler, kl_ctl, step, config)
                 if interrupt.requested():
@@ -981,7 +982,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     if len(rows) < config.per_device_train_batch_size:
         raise KitError(f"{ctx.where}: data has {len(rows)} prompts, fewer than train.per_device_train_batch_size "
                        f"{config.per_device_train_batch_size}; lower it or give more prompts")
-    resume = resume_checkpoint(ctx, ctx.stage_dir / "metrics.jsonl", dataclasses.asdict(config))
+    resume = resume_checkpoint(ctx, ctx.dir.metrics, dataclasses.asdict(config))
     models = setup_models(ctx, config)
     if models.reward_model is not None:
         check_reward_tokenizer(ctx, models.tokenizer, models.reward_model.tokenizer,
@@ -998,7 +999,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         if name != POLICY:
             models.model.delete_adapter(name)
     save_model(models.model, models.tokenizer, ctx.stage_dir)
-    logged = [r for r in read_metrics(ctx.stage_dir / "metrics.jsonl") if "objective/scores" in r]
+    logged = [r for r in read_metrics(ctx.dir.metrics) if "objective/scores" in r]
     summary = {**result, "backend": models.backend, "base_copies": models.base_copies, "memory": models.layout,
                "first_score": logged[0]["objective/scores"] if logged else None,
                "last_score": logged[-1]["objective/scores"] if logged else None,

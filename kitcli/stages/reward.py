@@ -189,7 +189,7 @@ def make_config(ctx: StageContext):
     from kitcli.trainers import config_class
 
     return build_config(config_class("reward"), stage_defaults=stage_defaults(ctx), train=ctx.stage.get("train", {}),
-                        where=ctx.where, output_dir=ctx.stage_dir / "checkpoints", seed=ctx.seed,
+                        where=ctx.where, output_dir=ctx.dir.checkpoints, seed=ctx.seed,
                         on_gpu=cuda_available())
 
 
@@ -241,7 +241,7 @@ def eval_figures(metrics: dict[str, Any]) -> dict[str, float]:
 
 def run(ctx: StageContext) -> dict[str, Any]:
     config = make_config(ctx)
-    metrics_path = ctx.stage_dir / "metrics.jsonl"
+    metrics_path = ctx.dir.metrics
     resume = resume_checkpoint(ctx, metrics_path, config_dict(config))
     trainer, loaded = build_trainer(ctx, config)
     attach_progress(trainer, ctx.name, metrics_path, ctx.console)
@@ -262,7 +262,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         "steps": trainer.state.global_step, "resumed_from": resume.name if resume else None,
         "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
         "eval_before": before, "eval_after": after, "backend": loaded.backend,
-        "merged": str(ctx.stage_dir / "merged"),
+        "merged": str(ctx.dir.merged),
     }
     if after:
         start = f" (before {before['accuracy']:.2f})" if before else ""

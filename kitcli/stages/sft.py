@@ -34,7 +34,7 @@ def make_config(ctx: StageContext):
     from kitcli.trainers import config_class
 
     return build_config(config_class("sft"), stage_defaults=stage_defaults(ctx), train=ctx.stage.get("train", {}),
-                        where=ctx.where, output_dir=ctx.stage_dir / "checkpoints", seed=ctx.seed,
+                        where=ctx.where, output_dir=ctx.dir.checkpoints, seed=ctx.seed,
                         on_gpu=cuda_available())
 
 
@@ -58,7 +58,7 @@ def describe(ctx: StageContext) -> dict[str, Any]:
 def run(ctx: StageContext) -> dict[str, Any]:
     rows = load_rows(ctx)
     config = make_config(ctx)
-    metrics_path = ctx.stage_dir / "metrics.jsonl"
+    metrics_path = ctx.dir.metrics
     resume = resume_checkpoint(ctx, metrics_path, config_dict(config))
     loaded = load_stage_policy(ctx.model, lora=ctx.recipe.data["lora"], seed=ctx.seed, init_from=ctx.init_dir,
                                log=ctx.log)

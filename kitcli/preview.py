@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kitcli.errors import KitError, did_you_mean
+from kitcli.rundir import StageDir
 
 FALLBACK_GENERATION = {"max_completion_length": 64, "temperature": 1.0}
 
@@ -181,7 +182,7 @@ def starting_point(stage: dict[str, Any], run_dir: Path | None, console) -> Path
     if init is None:
         console.print("starting model: the base model (the stage has no init)", markup=False)
         return None
-    if run_dir is not None and ((run_dir / init / "adapter").is_dir() or (run_dir / init / "model").is_dir()):
+    if run_dir is not None and StageDir(run_dir / init).saved_model() is not None:
         console.print(f"starting model: the output of stage '{init}' in {run_dir}", markup=False)
         return run_dir / init
     where = f"in {run_dir}" if run_dir else "(no run directory of this recipe yet)"

@@ -1,7 +1,7 @@
 """Seconds per 1,000 scored completions for each built-in reward, on this machine.
 
-    python -m rewards.benchmark                 # every built-in; code_exec on 200 completions, scaled
-    python -m rewards.benchmark --code 1000     # code_exec on the full 1,000
+    python bench/rewards.py                 # every built-in; code_exec on 200 completions, scaled
+    python bench/rewards.py --code 1000     # code_exec on the full 1,000
 
 Completions are arithmetic answers in the shape a GRPO run produces (tags, plain numbers, LaTeX, empty ones);
 the reward model is the tiny model with a fresh one-output head (its speed, not its quality, is measured).
