@@ -26,12 +26,13 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kitcli import registry
+
 # Where each stage type logs the quantities the checks read (first key present wins).
 REWARD_KEYS = ("reward", "objective/scores")
 KL_KEYS = ("kl", "objective/kl")
 LOSS_KEYS = ("loss", "loss/policy", "loss/value")
 GRAD_KEYS = ("grad_norm",)
-RL_TYPES = ("grpo", "gspo", "ppo")
 
 
 @dataclass
@@ -149,7 +150,7 @@ class AlarmMonitor:
 
     def check_reward(self, logs: dict[str, Any]) -> dict[str, str]:
         s = self.settings
-        if self.stage_type is not None and self.stage_type not in RL_TYPES:
+        if self.stage_type is not None and not registry.is_rl(self.stage_type):
             return {}
         key, reward = first_value(logs, REWARD_KEYS)
         if reward is None:

@@ -19,10 +19,10 @@ from typing import Any
 
 import click
 
+from kitcli.registry import is_policy, spec_output
 from kitcli.errors import KitError, did_you_mean
 from kitcli.rundir import LOCK_NAME, RunDir, StageDir, find_run
 
-NOT_POLICIES = ("reward", "eval")  # a reward stage saves a sequence classifier; an eval stage saves nothing
 
 
 @dataclass
@@ -79,7 +79,7 @@ def resolve_policy_stage(path: str | Path, command: str) -> PolicyStage:
     lock = read_run_lock(run)
     stages = [s for s in lock["recipe"].get("stages", []) if isinstance(s, dict) and "name" in s]
     if wanted is None:
-        finished = [s for s in stages if s.get("type") not in NOT_POLICIES and run.stage(s["name"]).has_policy()]
+        finished = [s for s in stages if is_policy(s.get("type")) and run.stage(s["name"]).has_policy()]
         if not finished:
             raise KitError(f"{run_dir} has no finished stage that saved a policy (an adapter/ or model/ with DONE); "
                            f"finish the run first: `kit run {lock.get('source', 'RECIPE')} --output {run_dir}`")
@@ -90,11 +90,12 @@ def resolve_policy_stage(path: str | Path, command: str) -> PolicyStage:
             raise KitError(f"{run_dir} has no stage '{wanted}'{did_you_mean(wanted, names)} "
                            f"(stages: {', '.join(names)})")
         stage = stages[names.index(wanted)]
-        if stage.get("type") in NOT_POLICIES:
-            other = ("a reward model (a sequence classifier, no text generation)" if stage["type"] == "reward"
-                     else "an eval stage (it saves no model)")
+        if not is_policy(stage.get("type")):
+            output = spec_output(stage["type"])
+            other = ("a reward model (a sequence classifier, no text generation)" if output == "scorer"
+                     else f"{'an' if stage['type'][0] in 'aeiou' else 'a'} {stage['type']} stage (it saves no model)")
             raise KitError(f"stage '{wanted}' is {other}; `kit {command}` needs a policy stage "
-                           f"({', '.join(s['name'] for s in stages if s.get('type') not in NOT_POLICIES)})")
+                           f"({', '.join(s['name'] for s in stages if is_policy(s.get('type')))})")
         if not run.stage(wanted).has_policy():
             raise KitError(f"stage '{wanted}' of {run_dir} has not finished (no DONE with an adapter/ or model/); "
                            f"finish it with `kit run {lock.get('source', 'RECIPE')} --output {run_dir}`")

@@ -101,15 +101,16 @@ def check_files(checkpoint: Path, required: list[str]) -> None:
                            f"{way_out(checkpoint.parent.parent, checkpoint)}")
 
 
-# What a checkpoint must hold, by stage type: transformers' Trainer writes the weights (an adapter or a full
-# model), optimizer, scheduler, RNG states and trainer state; the PPO loop writes its own set.
-PPO_FILES = ["policy_adapter.safetensors", "critic_adapter.safetensors", "value_head.safetensors", "optimizer.pt",
-             "rng.pt", "trainer_state.json"]
+# What a checkpoint must hold: transformers' Trainer writes the weights (an adapter or a full model), optimizer,
+# scheduler, RNG states and trainer state; a stage with its own loop (PPO) lists its set in its StageSpec.
 
 
 def required_files(stage_type: str, checkpoint: Path) -> list[str]:
-    if stage_type == "ppo":
-        return PPO_FILES
+    from kitcli import registry
+
+    own = registry.spec(stage_type).checkpoint_files
+    if own:
+        return list(own)
     weights = ADAPTER_FILE if (checkpoint / "adapter_config.json").exists() else "model.safetensors"
     return [weights, "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"]
 

@@ -328,14 +328,12 @@ def field_range(config: str, name: str) -> Range | None:
 
 
 def check_value(config: str, name: str, value: Any) -> str | None:
-    """None when `value` is right for field `name` of `config`, else what is expected."""
+    """None when `value` is right for field `name` of `config`, else what it must be ("a number > 0", "in [0, 1]")."""
     spec = field_type(config, name)
-    if not fits(value, spec):
-        return describe(spec)
     bounds = field_range(config, name)
+    if not fits(value, spec):
+        return describe(spec) + (f" {bounds.text()}" if bounds is not None else "")
     numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
     if bounds is not None and numeric and not bounds.holds(value):
-        kind = "an integer" if spec.kind == "int" or (spec.kind == "union" and any(
-            p.kind == "int" for p in spec.items) and not any(p.kind == "float" for p in spec.items)) else "a number"
-        return f"{kind} {bounds.text()}"
+        return bounds.text()
     return None

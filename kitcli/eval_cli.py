@@ -20,10 +20,10 @@ from typing import Any
 
 import click
 
+from kitcli.registry import is_policy, spec_output
 from kitcli.errors import KitError
 from kitcli.rundir import RunDir, StageDir
 
-NOT_POLICIES = ("eval", "reward")  # stage types whose output is not a policy to generate with
 
 
 def read_lock(run_dir: Path) -> dict[str, Any]:
@@ -44,7 +44,7 @@ def resolve_target(target: str) -> dict[str, Any]:
     path = Path(target).expanduser()
     if path.is_dir() and RunDir(path).is_run():
         lock = read_lock(path)
-        stages = [s for s in lock.get("recipe", {}).get("stages", []) if s.get("type") not in NOT_POLICIES]
+        stages = [s for s in lock.get("recipe", {}).get("stages", []) if is_policy(s.get("type"))]
         trained = [s["name"] for s in stages if has_model(path / s["name"])]
         if not trained:
             raise KitError(f"{path}: no stage of this run has saved a model yet (looked for <stage>/adapter or "
@@ -56,13 +56,15 @@ def resolve_target(target: str) -> dict[str, Any]:
         lock = read_lock(path.parent)
         stages = {s["name"]: s for s in lock.get("recipe", {}).get("stages", [])}
         kind = stages.get(path.name, {}).get("type")
-        if kind == "reward":
+        if spec_output(kind) == "scorer":
             raise KitError(f"{path}: a reward stage is a scorer, not a policy; evaluate a policy with it as a reward: "
                            f"--reward '{{name: reward_model, args: {{path: {StageDir(path).merged}}}}}'")
         if not has_model(path):
-            why = "an eval stage saves no model" if kind == "eval" else "it has no adapter/ or model/ (not finished?)"
+            why = f"{'an' if str(kind)[:1] in 'aeiou' else 'a'} {kind} stage saves no model" \
+                if spec_output(kind) == "none" else \
+                "it has no adapter/ or model/ (not finished?)"
             trained = [n for n, s in stages.items()
-                       if s.get("type") not in NOT_POLICIES and has_model(path.parent / n)]
+                       if is_policy(s.get("type")) and has_model(path.parent / n)]
             raise KitError(f"{path}: cannot evaluate this stage: {why}; give a training stage of the run"
                            f"{' (' + ', '.join(trained) + ')' if trained else ''}")
         return {"model": lock["recipe"]["model"], "init_dir": path, "label": f"{path.parent.name}/{path.name}",

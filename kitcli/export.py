@@ -27,6 +27,7 @@ from typing import Any
 import click
 
 from kitcli.chat import PolicyStage, resolve_policy_stage
+from kitcli import registry
 from kitcli.errors import KitError
 from kitcli.rundir import RunDir
 
@@ -182,7 +183,7 @@ def model_card(policy: PolicyStage, to: str, details: dict[str, Any]) -> str:
         status = "done" if done is not None else "not run"
         headline = (done or {}).get("headline", "")
         lines.append(f"| {stage['name']} | {stage['type']} | {stage.get('init') or 'base'} | {status} | {headline} |")
-    evals = [(stage, done) for stage, done in results if stage["type"] == "eval" and done]
+    evals = [(stage, done) for stage, done in results if done and registry.spec(stage["type"]).evaluates]
     if evals:
         lines += ["", "## Evaluation (held-out)", "", "| eval stage | model | exact match | n |",
                   "| --- | --- | --- | --- |"]

@@ -23,20 +23,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kitcli import registry
 from kitcli.errors import KitError
 
 LAUNCHERS = ("accelerate",)
 DEEPSPEED_STAGES = ("zero2", "zero3")
-# stage type -> how it runs under the launcher
-SUPPORT = {
-    "sft": "data parallel (TRL SFTTrainer)",
-    "dpo": "data parallel (TRL DPOTrainer)",
-    "reward": "data parallel (TRL RewardTrainer); the merged model is written by the main process",
-    "grpo": "data parallel (TRL GRPOTrainer): each process generates its share of the completions",
-    "gspo": "data parallel (TRL GRPOTrainer)",
-    "eval": "main process only (the others wait)",
-}
-UNSUPPORTED = {"ppo": "kit's PPO loop is a single-process loop (no DDP); run PPO recipes without --launcher"}
 
 
 # --- the parent `kit run --launcher accelerate` ----------------------------------------------------------------
@@ -76,8 +67,10 @@ def check_request(recipe, *, num_processes: int, deepspeed: str | None, fsdp: bo
                            f"--num-processes {num_processes} but no CUDA device is visible; add --cpu to run the "
                            f"processes on CPU (gloo), or run on a machine with {num_processes} GPUs")
     for stage in recipe.stages:
-        if stage["type"] in UNSUPPORTED:
-            raise KitError(f"{recipe.source}: stage '{stage['name']}': {UNSUPPORTED[stage['type']]}")
+        spec = registry.spec(stage["type"])
+        if spec.launcher is None:
+            why = spec.launcher_refusal or "it does not run under --launcher"
+            raise KitError(f"{recipe.source}: stage '{stage['name']}': {why}")
     sharded = (deepspeed == "zero3") or fsdp
     if sharded and recipe.data["model"]["load_in_4bit"] and recipe.data["lora"] is not None:
         raise KitError(f"{'--deepspeed zero3' if deepspeed else '--fsdp'} shards the weights, which bitsandbytes "

@@ -7,7 +7,6 @@ The starting model is the base model, or the `init` stage's output when the run 
 
 from __future__ import annotations
 
-import importlib
 import random
 from pathlib import Path
 from typing import Any
@@ -55,53 +54,48 @@ def stage_context(recipe, stage: dict[str, Any], run_dir: Path | None, console):
     return StageContext(recipe, stage, base, console, outputs)
 
 
-def stage_module(stage: dict[str, Any]):
-    from kitcli.recipe import STAGE_MODULES
-
-    try:
-        return importlib.import_module(STAGE_MODULES[stage["type"]])
-    except ImportError:
-        return None  # the stage type's module is not written yet; preview needs only data, rewards and init
-
-
-def stage_rows(ctx, module, stage) -> list[dict[str, Any]]:
-    """The rows as the stage sees them (its own `load_rows`, e.g. with a system prompt), else as read."""
+def stage_rows(ctx, stage) -> list[dict[str, Any]]:
+    """The rows as the stage sees them (its spec's `rows`, e.g. with a system prompt), else as read."""
+    from kitcli import registry
     from kitcli.data import read_rows, require_columns
 
-    if module is not None and hasattr(module, "load_rows"):
-        return module.load_rows(ctx)
+    reader = registry.spec(stage["type"]).rows
+    if reader is not None:
+        return reader(ctx)
     rows = read_rows(stage["data"], ctx.where)
     require_columns(rows, [["prompt"]], ctx.where, stage["data"]["path"])
     return rows
 
 
-def generation_settings(ctx, module, stage) -> dict[str, Any]:
+def generation_settings(ctx, stage) -> dict[str, Any]:
     """max_completion_length and temperature: the recipe's train: values, else the stage type's defaults."""
+    from kitcli import registry
+
     defaults = dict(FALLBACK_GENERATION)
-    if module is not None and hasattr(module, "base_defaults"):
-        try:
-            found = module.base_defaults(ctx)
-            defaults.update({k: found[k] for k in defaults if k in found})
-        except Exception:  # the stage module's own validation; preview falls back to its defaults
-            pass
-    train = stage.get("train") or {}
-    return {k: train.get(k, v) for k, v in defaults.items()}
+    make_defaults = registry.spec(stage["type"]).defaults
+    if make_defaults is not None:
+        found = make_defaults(ctx)
+        found.setdefault("max_completion_length", found.get("response_length"))  # PPO's name for it
+        defaults.update({k: found[k] for k in defaults if found.get(k) is not None})
+    train = dict(stage.get("train") or {})
+    train.setdefault("max_completion_length", train.get("response_length"))
+    return {k: train[k] if train.get(k) is not None else v for k, v in defaults.items()}
 
 
 def stage_rewards(ctx, stage, run_dir: Path | None):
-    """The stage's `rewards:` plus its `reward_model:` stage as a reward_model reward, with their weights."""
+    """The stage's `rewards:` plus its `reward_model:` as a reward_model reward, with their weights."""
     from rewards.registry import LoadedReward, load_reward, load_rewards
 
     loaded = load_rewards(stage.get("rewards") or [], ctx.recipe.base_dir, f"{ctx.where}: rewards", run_dir=run_dir)
-    raw = stage.get("reward_model")
-    if raw is not None:
-        name = raw.get("stage") if isinstance(raw, dict) else raw
-        weight = raw.get("weight", 1.0) if isinstance(raw, dict) else 1.0
-        model_reward = load_reward({"name": "reward_model", "args": {"stage": str(name)}, "weight": weight},
+    spec = stage.get("reward_model")
+    if spec is not None:
+        args = {"stage": spec["stage"]} if spec.get("stage") else {"path": spec["path"]}
+        model_reward = load_reward({"name": "reward_model", "args": args, "weight": spec["weight"]},
                                    ctx.recipe.base_dir, f"{ctx.where}: reward_model",
                                    run_dir=run_dir or ctx.run_dir)
+        source = f"reward stage '{spec['stage']}'" if spec.get("stage") else spec["path"]
         loaded.append(LoadedReward(fn=model_reward.fn, name=model_reward.name, weight=model_reward.weight,
-                                   source=f"reward stage '{name}'"))
+                                   source=source))
     return loaded
 
 
@@ -118,11 +112,10 @@ def preview(recipe_name: str, *, stage_name: str | None, count: int, run_dir: Pa
     stage = choose_stage(recipe, stage_name)
     run_dir = find_run_dir(recipe, run_dir)
     ctx = stage_context(recipe, stage, run_dir, console)
-    module = stage_module(stage)
-    rows = stage_rows(ctx, module, stage)
+    rows = stage_rows(ctx, stage)
     rewards = stage_rewards(ctx, stage, run_dir)
     check_columns(rewards, rows[0], ctx.where, f"'{stage['data']['path']}'")
-    settings = generation_settings(ctx, module, stage)
+    settings = generation_settings(ctx, stage)
     max_new_tokens = max_new_tokens or settings["max_completion_length"]
     temperature = settings["temperature"] if temperature is None else temperature
 

@@ -2,8 +2,8 @@
 `metrics.jsonl` / `alarms.jsonl` / `completions.jsonl` in the stage directory.
 
 On a terminal (rich) each stage shows: stage i of N and its name, a progress bar with ETA and steps/s, the latest
-value and a trend line of the metrics that matter for its type (`STAGE_METRICS`; any numeric metric for a type
-it does not know), for RL stages a few recent completions with their rewards, and the alarms of
+value and a trend line of the metrics that matter for its type (its StageSpec's `metrics`; any numeric metric for
+a type it does not know), for RL stages a few recent completions with their rewards, and the alarms of
 `kitcli/alarms.py`. Not on a terminal (CI, logs, `| tee`): one plain line per logging step, no escape codes.
 `--quiet`: nothing but alarms (on stderr). `--json`: one JSON object per logging step on stdout.
 
@@ -26,34 +26,16 @@ from typing import Any
 
 from rich.console import Console
 
+from kitcli import registry
 from kitcli.alarms import AlarmMonitor
 from kitcli.rundir import StageDir, read_jsonl
 
-# Metrics that matter for each stage type, in display order: (logged key, short label). A key with `*` matches
-# any logged key of that shape (`rewards/*/mean`: one entry per reward function).
-STAGE_METRICS: dict[str, tuple[tuple[str, str], ...]] = {
-    "sft": (("loss", "loss"), ("mean_token_accuracy", "token_acc"), ("learning_rate", "lr")),
-    "reward": (("loss", "loss"), ("accuracy", "accuracy"), ("margin", "margin"), ("learning_rate", "lr")),
-    "dpo": (("loss", "loss"), ("rewards/margins", "margin"), ("rewards/accuracies", "accuracy"),
-            ("rewards/chosen", "chosen"), ("rewards/rejected", "rejected"), ("learning_rate", "lr")),
-    "grpo": (("reward", "reward"), ("rewards/*/mean", "*"), ("reward_std", "reward_std"),
-             ("frac_reward_zero_std", "zero_std_frac"), ("kl", "kl"), ("clip_ratio/region_mean", "clip_ratio"),
-             ("completions/mean_length", "length"), ("entropy", "entropy")),
-    "ppo": (("objective/scores", "score"), ("rewards/*/mean", "*"), ("objective/kl", "kl"),
-            ("objective/non_score_reward", "non_score"), ("loss/policy", "pg_loss"), ("loss/value", "vf_loss"),
-            ("policy/entropy", "entropy"), ("policy/clipfrac", "clipfrac"), ("policy/approxkl", "approxkl"),
-            ("val/explained_variance", "explained_var"), ("eval/score", "eval_score"),
-            ("eval/exact_match", "eval_exact_match")),
-}
-STAGE_METRICS["gspo"] = STAGE_METRICS["grpo"]
-RL_TYPES = ("grpo", "gspo", "ppo")
 # Never worth a place on screen (bookkeeping, or shown another way).
 NOT_SHOWN = {"epoch", "step", "total_flos", "num_tokens", "train_runtime", "train_samples_per_second",
              "train_steps_per_second", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "time"}
 TREND = "▁▂▃▄▅▆▇█"
 TREND_POINTS = 24
 SAMPLES_SHOWN = 3
-TRAINER_TYPES = {"SFTTrainer": "sft", "RewardTrainer": "reward", "DPOTrainer": "dpo", "GRPOTrainer": "grpo"}
 MODES = ("auto", "quiet", "json")
 
 
@@ -128,11 +110,26 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def stage_metrics(stage_type: str | None) -> tuple[tuple[str, str], ...] | None:
+    """(logged key, label) pairs a stage type shows (kitcli/registry.py); None for an unknown type."""
+    spec = registry.specs().get(stage_type or "")
+    return spec.metrics if spec is not None and spec.metrics else None
+
+
+def stage_type_of(trainer) -> str | None:
+    """The stage type a trainer serves, from its class (TRL's or Unsloth's generated one)."""
+    from kitcli.trainers import TRAINERS
+
+    names = {cls.__name__.removeprefix("Unsloth") for cls in type(trainer).__mro__}
+    return next((t for t, spec in registry.specs().items()
+                 if spec.trainer is not None and TRAINERS[spec.trainer][1] in names), None)
+
+
 def shown_metrics(logs: dict[str, Any], stage_type: str | None) -> list[tuple[str, str]]:
     """(key, label) of the metrics in `logs` worth showing for this stage type, in display order."""
     evaluating = bool(logs) and all(str(k).startswith("eval_") for k in logs if k not in NOT_SHOWN | {"epoch"})
     prefix = "eval_" if evaluating else ""
-    spec = STAGE_METRICS.get(stage_type or "")
+    spec = stage_metrics(stage_type)
     if spec is None:
         return [(k, k) for k, v in logs.items() if is_number(v) and k not in NOT_SHOWN]
     shown = []
@@ -391,7 +388,7 @@ class StageDashboard:
             for alarm in self.monitor.active.values():
                 alarms.append(f"! {alarm.code} (step {alarm.step}): {alarm.message}\n", style="bold red")
             parts.append(alarms)
-        if self.samples and self.stage_type in (*RL_TYPES, None):
+        if self.samples and (self.stage_type is None or registry.is_rl(self.stage_type)):
             parts.append(self.sample_table())
         return Panel(Group(*parts), title=Text(self.title, style="bold"), title_align="left")
 
@@ -461,8 +458,7 @@ def make_progress_callback(stage_name: str, metrics_path: Path, console: Console
     from transformers import TrainerCallback
 
     if stage_type is None and DISPLAY.stage_type is None and trainer is not None:
-        stage_type = next((t for cls in type(trainer).__mro__ for name, t in TRAINER_TYPES.items()
-                           if cls.__name__ == name), None)
+        stage_type = stage_type_of(trainer)
     dashboard = StageDashboard(stage_name, metrics_path, console, stage_type=stage_type, index=index, total=total,
                                mode=mode, json_stream=json_stream, label=label)
 

@@ -1,8 +1,9 @@
 """Recipes: YAML files naming a model, LoRA settings and an ordered list of stages.
 
-Validation here is structural and imports nothing heavy: unknown keys (with a "did you mean"), stage types,
-`init` references and model paths. Fields inside a stage's `train:` block are checked against the TRL config
-class when the stage builds its config (`kitcli/trl_config.py`).
+Loading reads the YAML (or a run's lock file), applies `--set` overrides and validates the whole recipe against
+its typed model (kitcli/schema.py, with the stage types of kitcli/registry.py) before anything heavy is imported:
+every key, type and range, `train:` against the stage's trainer config, and the references between stages. The
+first fault becomes one line naming the file, the key path, the value and what was expected.
 """
 
 from __future__ import annotations
@@ -17,34 +18,6 @@ from typing import Any
 import yaml
 
 from kitcli.errors import KitError, closest, did_you_mean
-
-# stage type -> module with build_config(ctx) / run(ctx); types added by later stages register here.
-STAGE_MODULES = {
-    "sft": "kitcli.stages.sft",
-    "reward": "kitcli.stages.reward",
-    "dpo": "kitcli.stages.dpo",
-    "grpo": "kitcli.stages.grpo",
-    "gspo": "kitcli.stages.gspo",
-    "ppo": "kitcli.stages.ppo",
-    "eval": "kitcli.stages.eval",
-}
-# Keys each stage type accepts on top of COMMON_STAGE_KEYS.
-STAGE_KEYS = {
-    "sft": {"data", "train"},
-    "reward": {"data", "train", "eval_data", "eval_fraction"},
-    "dpo": {"data", "train", "eval_data", "eval_fraction"},
-    "grpo": {"data", "train", "variant", "rewards", "reward_model", "system_prompt"},
-    "gspo": {"data", "train", "rewards", "reward_model", "allow_on_policy", "system_prompt"},
-    "ppo": {"data", "train", "rewards", "reward_model", "eval_data"},
-    "eval": {"data", "generation", "rewards"},
-}
-COMMON_STAGE_KEYS = {"name", "type", "init"}
-TOP_LEVEL_KEYS = {"name", "description", "model", "seed", "lora", "stages"}
-MODEL_KEYS = {"name", "max_seq_length", "load_in_4bit", "backend", "dtype", "trust_remote_code"}
-LORA_KEYS = {"r", "alpha", "dropout", "target_modules"}
-DATA_KEYS = {"path", "split", "columns", "limit", "config"}
-BACKENDS = ("auto", "unsloth", "transformers")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 DEFAULT_LORA = {
     "r": 16,
@@ -221,169 +194,171 @@ def _stage_by_name(stages: list, name: str, item: str, source: str) -> dict:
                    f"(stages: {', '.join(map(str, names))})")
 
 
-def _check_keys(mapping: dict, allowed: set[str], where: str) -> None:
-    for key in mapping:
-        if key not in allowed:
-            raise KitError(f"{where}: unknown key '{key}'{did_you_mean(str(key), allowed)} "
-                           f"(allowed: {', '.join(sorted(allowed))})")
-
-
 def validate_recipe(raw: dict, source: str, base_dir: Path) -> Recipe:
-    _check_keys(raw, TOP_LEVEL_KEYS, source)
-    data: dict[str, Any] = {}
-    data["name"] = str(raw.get("name") or Path(source).stem)
-    data["description"] = str(raw.get("description", ""))
-    seed = raw.get("seed", 42)
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise KitError(f"{source}: 'seed' must be an integer, got {seed!r}")
-    data["seed"] = seed
-    data["model"] = validate_model(raw.get("model"), source, base_dir)
-    data["lora"] = validate_lora(raw.get("lora", {}), f"{source}: lora")
-    stages = raw.get("stages")
-    if not isinstance(stages, list) or not stages:
-        raise KitError(f"{source}: 'stages' must be a non-empty list of stages, each with a 'name' and a 'type'")
-    data["stages"] = []
-    seen: dict[str, str] = {}
-    for index, stage in enumerate(stages):
-        checked = validate_stage(stage, index, seen, source, base_dir)
-        seen[checked["name"]] = checked["type"]
+    """The recipe as the kit runs it: every key checked (kitcli/schema.py), defaults filled in, paths resolved."""
+    from pydantic import ValidationError
+
+    from kitcli import registry
+    from kitcli.schema import recipe_model
+
+    specs = registry.specs()
+    model = recipe_model(specs)
+    try:
+        typed = model.model_validate(raw, context={"base_dir": base_dir})
+    except ValidationError as error:
+        raise KitError(describe_error(error, raw, source, model, specs)) from None
+    return Recipe(data=normalized(typed, raw, source), source=source, base_dir=base_dir)
+
+
+def normalized(typed, raw: dict, source: str) -> dict[str, Any]:
+    """The plain dict stages read: model and lora complete, each stage as written with its name, data and
+    reward_model in their full form."""
+    data: dict[str, Any] = {"name": typed.name or Path(source).stem, "description": typed.description,
+                            "seed": typed.seed, "model": typed.model.model_dump(),
+                            "lora": typed.lora.model_dump() if typed.lora is not None else None, "stages": []}
+    for stage, given in zip(typed.stages, raw["stages"]):
+        checked = copy.deepcopy(given)
+        checked["name"] = stage.name or stage.type
+        for key in ("data", "eval_data", "reward_model", "generation"):
+            value = getattr(stage, key, None)
+            if value is not None:
+                checked[key] = value.model_dump()
+        if "train" in checked:
+            checked["train"] = dict(stage.train)
         data["stages"].append(checked)
-    return Recipe(data=data, source=source, base_dir=base_dir)
+    return data
 
 
 def validate_model(raw: Any, source: str, base_dir: Path) -> dict[str, Any]:
-    if raw is None:
-        raise KitError(f"{source}: 'model' is missing; give a hub name, a local directory, or 'tiny'")
-    if isinstance(raw, str):
-        raw = {"name": raw}
-    if not isinstance(raw, dict) or "name" not in raw:
-        raise KitError(f"{source}: 'model' must be a name or a mapping with 'name' (and optional "
-                       f"{', '.join(sorted(MODEL_KEYS - {'name'}))})")
-    _check_keys(raw, MODEL_KEYS, f"{source}: model")
-    model = {**DEFAULT_MODEL, **raw}
-    model["name"] = str(model["name"])
-    if model["backend"] not in BACKENDS:
-        raise KitError(f"{source}: model.backend must be one of {', '.join(BACKENDS)}, got {model['backend']!r}")
-    if model["dtype"] not in DTYPES:
-        raise KitError(f"{source}: model.dtype must be one of {', '.join(DTYPES)}, got {model['dtype']!r}")
-    if not isinstance(model["max_seq_length"], int) or model["max_seq_length"] <= 0:
-        raise KitError(f"{source}: model.max_seq_length must be a positive integer, got {model['max_seq_length']!r}")
-    model["name"] = resolve_model_name(model["name"], source, base_dir)
-    return model
+    """A `model:` value on its own (`kit eval MODEL`): the same checks as in a recipe."""
+    from pydantic import ValidationError
 
+    from kitcli.schema import ModelSpec
 
-def looks_like_path(name: str) -> bool:
-    return name.startswith((".", "/", "~")) or name.count("/") > 1 or name.endswith(("/",))
-
-
-def resolve_model_name(name: str, source: str, base_dir: Path) -> str:
-    """`tiny`, a hub id (`org/name`), or a local directory (made absolute)."""
-    if name == "tiny":
-        return name
-    for candidate in (Path(name).expanduser(), base_dir / name):
-        if candidate.is_dir():
-            return str(candidate.resolve())
-    if looks_like_path(name) or Path(name).expanduser().exists():
-        raise KitError(f"{source}: model path '{name}' does not exist; give an existing directory with "
-                       f"config.json, a hub name like 'unsloth/Qwen3-4B', or 'tiny'")
-    return name
-
-
-def validate_lora(raw: Any, where: str) -> dict[str, Any] | None:
-    """`lora: false` means full fine-tuning; a mapping overrides the LoRA defaults."""
-    if raw is False or raw == "none":
-        return None
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise KitError(f"{where}: expected a mapping with {', '.join(sorted(LORA_KEYS))}, or false for full "
-                       f"fine-tuning")
-    _check_keys(raw, LORA_KEYS, where)
-    lora = {**DEFAULT_LORA, **raw}
-    if not isinstance(lora["r"], int) or lora["r"] <= 0:
-        raise KitError(f"{where}: r must be a positive integer, got {lora['r']!r}")
-    return lora
-
-
-def validate_stage(stage: Any, index: int, earlier: dict[str, str], source: str, base_dir: Path) -> dict[str, Any]:
-    where = f"{source}: stages[{index}]"
-    if not isinstance(stage, dict):
-        raise KitError(f"{where}: each stage must be a mapping with 'name' and 'type'")
-    stage_type = stage.get("type")
-    if stage_type is None:
-        raise KitError(f"{where}: 'type' is missing; one of {', '.join(STAGE_MODULES)}")
-    if stage_type not in STAGE_MODULES:
-        raise KitError(f"{where}: unknown stage type '{stage_type}'{did_you_mean(str(stage_type), STAGE_MODULES)} "
-                       f"(available: {', '.join(STAGE_MODULES)})")
-    name = str(stage.get("name") or stage_type)
-    where = f"{source}: stage '{name}'"
-    if name in earlier:
-        raise KitError(f"{where}: the name is used by an earlier stage; stage names must be unique")
-    if "/" in name or name.startswith("."):
-        raise KitError(f"{where}: a stage name becomes a folder name; use letters, digits, '-' and '_'")
-    _check_keys(stage, COMMON_STAGE_KEYS | STAGE_KEYS[stage_type], where)
-    checked = copy.deepcopy(stage)
-    checked["name"] = name
-    init = stage.get("init")
-    if init is not None:
-        if init not in earlier:
-            later = f"; it must name an earlier stage ({', '.join(earlier) or 'there is none'})"
-            raise KitError(f"{where}: init '{init}' is not an earlier stage{did_you_mean(str(init), earlier)}{later}")
-        if earlier[init] == "eval":
-            raise KitError(f"{where}: init '{init}' is an eval stage, which saves no model; name a training stage")
-    if "train" in checked:
-        if checked["train"] is None:
-            checked["train"] = {}
-        if not isinstance(checked["train"], dict):
-            raise KitError(f"{where}: 'train' must be a mapping of TRL config fields")
-    for key in ("data", "eval_data"):
-        if key in checked:
-            checked[key] = validate_data_spec(checked[key], f"{where}: {key}", base_dir)
-    if "data" not in checked and "data" in STAGE_KEYS[stage_type]:
-        raise KitError(f"{where}: 'data' is missing; give a dataset path (JSONL/JSON/CSV/Parquet) or hub name")
-    return checked
+    try:
+        return ModelSpec.model_validate(raw, context={"base_dir": base_dir}).model_dump()
+    except ValidationError as error:
+        raise KitError(describe_error(error, {"model": raw}, source, None, {}, prefix=("model",))) from None
 
 
 def validate_data_spec(raw: Any, where: str, base_dir: Path) -> dict[str, Any]:
-    if isinstance(raw, str):
-        raw = {"path": raw}
-    if not isinstance(raw, dict) or "path" not in raw:
-        raise KitError(f"{where}: expected a dataset path or a mapping with 'path' (and optional "
-                       f"{', '.join(sorted(DATA_KEYS - {'path'}))})")
-    _check_keys(raw, DATA_KEYS, where)
-    columns = raw.get("columns") or {}
-    if not isinstance(columns, dict):
-        raise KitError(f"{where}: columns must map dataset columns to the names the stage expects, "
-                       f"e.g. {{question: prompt}}")
-    limit = raw.get("limit")
-    if limit is not None and (not isinstance(limit, int) or limit <= 0):
-        raise KitError(f"{where}: limit must be a positive integer, got {limit!r}")
-    return {"path": resolve_data_path(str(raw["path"]), where, base_dir), "split": raw.get("split", "train"),
-            "columns": columns, "limit": limit, "config": raw.get("config")}
+    """A dataset value on its own (`kit eval --data`): the same checks as in a recipe."""
+    from pydantic import ValidationError
+
+    from kitcli.schema import DataSpec
+
+    try:
+        return DataSpec.model_validate(raw, context={"base_dir": base_dir}).model_dump()
+    except ValidationError as error:
+        raise KitError(describe_error(error, {"data": raw}, where, None, {}, prefix=("data",))) from None
 
 
-DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+# --- one line per fault -------------------------------------------------------------------------------------------
+
+TYPE_WORDS = {"int_type": "an integer", "int_parsing": "an integer", "float_type": "a number",
+              "float_parsing": "a number", "bool_type": "true or false", "bool_parsing": "true or false",
+              "string_type": "a string", "dict_type": "a mapping", "list_type": "a list", "model_type": "a mapping",
+              "model_attributes_type": "a mapping", "none_required": "null"}
+MISSING_HINTS = {"data": "give a dataset path (JSONL/JSON/CSV/Parquet) or hub name", "name": "give its name",
+                 "path": "give a path"}
 
 
-def kit_source_root() -> Path:
-    """The checkout the kit runs from (holds `examples/`), for recipe paths like examples/data/x.jsonl."""
-    return Path(__file__).resolve().parent.parent
+def section_at(root, loc: tuple, specs: dict):
+    """The pydantic model a location points into (None for a scalar), e.g. ('stages', 0, 'sft', 'data') ->
+    DataSpec; a stage type in the location is the union's tag and stands for that type's section."""
+    import typing
+
+    from pydantic import BaseModel
+
+    def inner_model(annotation):
+        for candidate in (annotation, *typing.get_args(annotation)):
+            for inner in (candidate, *typing.get_args(candidate)):
+                if isinstance(inner, type) and issubclass(inner, BaseModel):
+                    return inner
+        return None
+
+    current = root
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if current is not None and part in current.model_fields:
+            current = inner_model(current.model_fields[part].annotation)
+        elif part in specs:  # the tag of the stage union
+            current = specs[part].section
+        else:
+            return None
+    return current
 
 
-def resolve_data_path(path: str, where: str, base_dir: Path) -> str:
-    """A local file (relative to the recipe, the working directory or the kit's checkout), or a hub dataset id."""
-    candidate = Path(path).expanduser()
-    if candidate.is_absolute():
-        if candidate.is_file():
-            return str(candidate)
-    else:
-        for root in (base_dir, Path.cwd(), kit_source_root()):
-            if (root / candidate).is_file():
-                return str((root / candidate).resolve())
-    if candidate.suffix.lower() in DATA_SUFFIXES or looks_like_path(path) or candidate.exists():
-        raise KitError(f"{where}: dataset file '{path}' does not exist (looked relative to {base_dir} and the "
-                       f"working directory); give an existing JSONL, JSON, CSV or Parquet file")
-    return path  # a hub dataset name, loaded with datasets.load_dataset when online
+def describe_error(error, raw: dict, source: str, model, specs: dict, prefix: tuple = ()) -> str:
+    """The first fault of a pydantic ValidationError, in the kit's words."""
+    first = error.errors(include_url=False)[0]
+    loc = (*prefix, *first["loc"])
+    kind, context, given = first["type"], first.get("ctx") or {}, first.get("input")
+    where: list[str] = []
+    path = list(loc)
+    if path[:1] == ["stages"] and len(path) >= 2 and isinstance(path[1], int):
+        stages = raw.get("stages") or []
+        stage = stages[path[1]] if path[1] < len(stages) else {}
+        where.append(f"stage '{stage_label(stage, path[1])}'")
+        path = path[2:]
+        if path and isinstance(stage, dict) and path[0] == stage.get("type"):
+            path = path[1:]  # the union's tag
+    if kind == "kit":
+        message = context["message"]
+        if context.get("where") is not None:
+            place = context["where"] if not where or context["where"].startswith("stage") else where[0]
+            return f"{source}: {place}: {message}" if place else f"{source}: {message}"
+        section = section_at(model, tuple(loc[:-1]), specs) if model is not None else None
+        if path and section is not None and path[-1] in section.model_fields and \
+                section_at(model, tuple(loc), specs) is None:
+            path = path[:-1]  # a scalar field's own message names it
+        place = ": ".join([*where, ".".join(map(str, path))] if path else where)
+        return f"{source}: {place}: {message}" if place else f"{source}: {message}"
+    dotted = ".".join(str(p) for p in path)
+    if kind == "extra_forbidden":
+        parent = section_at(model, tuple(loc[:-1]), specs) if model is not None else None
+        allowed = sorted(parent.model_fields) if parent is not None else []
+        key = str(loc[-1])
+        noun = "generation key" if parent is not None and parent.__name__ == "GenerationSpec" else "key"
+        place = ": ".join([*where, ".".join(map(str, path[:-1]))] if path[:-1] else where)
+        message = (f"unknown {noun} '{key}'{did_you_mean(key, allowed)}" +
+                   (f" (allowed: {', '.join(allowed)})" if allowed else ""))
+        return f"{source}: {place}: {message}" if place else f"{source}: {message}"
+    if kind == "missing":
+        key = str(loc[-1])
+        place = ": ".join([*where, ".".join(map(str, path[:-1]))] if path[:-1] else where)
+        hint = f"; {MISSING_HINTS[key]}" if key in MISSING_HINTS else ""
+        message = f"'{key}' is missing{hint}"
+        return f"{source}: {place}: {message}" if place else f"{source}: {message}"
+    subject = f"'{dotted}'" if len(path) == 1 and not where else dotted
+    expected = expectation(kind, context, given)
+    message = f"{subject} must be {expected}, got {given!r}"
+    return f"{source}: {': '.join(where)}: {message}" if where else f"{source}: {message}"
+
+
+def stage_label(stage: Any, index: int) -> str:
+    if isinstance(stage, dict):
+        return str(stage.get("name") or stage.get("type") or f"stages[{index}]")
+    return f"stages[{index}]"
+
+
+def expectation(kind: str, context: dict, given: Any) -> str:
+    if kind in TYPE_WORDS:
+        return TYPE_WORDS[kind]
+    if kind == "literal_error":
+        expected = str(context.get("expected", ""))
+        return "one of " + expected.replace("' or '", ", ").replace("', '", ", ").replace("'", "")
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        bound = next(iter(v for k, v in context.items() if k in ("gt", "ge", "lt", "le")))
+        integer = isinstance(given, int) and not isinstance(given, bool)
+        if integer and ((kind == "greater_than" and bound == 0) or (kind == "greater_than_equal" and bound == 1)):
+            return "a positive integer"
+        symbol = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
+        return f"{'an integer' if integer else 'a number'} {symbol} {bound}"
+    if kind == "too_short":
+        return "non-empty"
+    return kind.replace("_", " ")
 
 
 def recipe_for_single_stage(stage_type: str, model: str, data: str, overrides: list[str]) -> Recipe:

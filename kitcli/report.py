@@ -16,40 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kitcli import registry
 from kitcli.errors import KitError
 from kitcli.rundir import LOCK_NAME, RunDir, StageDir, read_jsonl
 
 
-# The curves of each stage type: (panel title, y label, logged keys; `*` matches a part of a key).
-PANELS: dict[str, list[tuple[str, str, list[str]]]] = {
-    "sft": [("loss", "loss", ["loss", "eval_loss"]),
-            ("token accuracy", "accuracy", ["mean_token_accuracy", "eval_mean_token_accuracy"])],
-    "reward": [("loss", "loss", ["loss", "eval_loss"]),
-               ("pair accuracy (r_chosen > r_rejected)", "accuracy", ["accuracy", "eval_accuracy"]),
-               ("margin (r_chosen - r_rejected)", "margin", ["margin", "eval_margin"])],
-    "dpo": [("loss", "loss", ["loss", "eval_loss"]),
-            ("reward margin", "margin", ["rewards/margins", "eval_rewards/margins"]),
-            ("reward accuracy", "accuracy", ["rewards/accuracies", "eval_rewards/accuracies"]),
-            ("implicit rewards", "reward", ["rewards/chosen", "rewards/rejected"])],
-    "grpo": [("reward", "mean reward", ["reward", "rewards/*/mean"]),
-             ("reward spread", "value", ["reward_std", "frac_reward_zero_std"]),
-             ("KL to the reference", "KL", ["kl"]),
-             ("completion length", "tokens", ["completions/mean_length", "completions/min_length",
-                                              "completions/max_length"]),
-             ("entropy", "nats per token", ["entropy"]),
-             ("clipped importance ratios", "fraction of tokens", ["clip_ratio/region_mean", "clip_ratio/low_mean",
-                                                                 "clip_ratio/high_mean"]),
-             ("truncated completions (hit max_completion_length)", "fraction", ["completions/clipped_ratio"]),
-             ("loss", "loss", ["loss"])],
-    "ppo": [("score", "mean score", ["objective/scores", "rewards/*/mean", "objective/rlhf_reward"]),
-            ("KL to the reference", "KL", ["objective/kl", "policy/approxkl"]),
-            ("losses", "loss", ["loss/policy", "loss/value"]),
-            ("entropy", "nats per token", ["policy/entropy"]),
-            ("clip fractions", "fraction", ["policy/clipfrac", "val/clipfrac"]),
-            ("value function", "explained variance", ["val/explained_variance"]),
-            ("held-out", "score", ["eval/score", "eval/exact_match"])],
-}
-PANELS["gspo"] = PANELS["grpo"]
 FALLBACK_SKIP = {"step", "epoch", "time", "total_flos", "num_tokens", "train_runtime", "train_samples_per_second",
                  "train_steps_per_second", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
 FALLBACK_PANELS = 9
@@ -91,7 +62,8 @@ class RunRecord:
         return str(self.lock.get("recipe", {}).get("name", self.run_dir.name))
 
     def evals(self) -> list[StageRecord]:
-        return [s for s in self.stages if s.type == "eval" and s.done is not None]
+        return [s for s in self.stages if s.done is not None and registry.specs().get(s.type) is not None
+                and registry.spec(s.type).evaluates]
 
 
 def load_run(run_dir: Path) -> RunRecord:
@@ -199,12 +171,13 @@ def series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[floa
 
 def stage_panels(stage_type: str, rows: list[dict[str, Any]]) -> list[tuple[str, str, list[str]]]:
     """The panels to draw for a stage: its type's curves that were logged, else every numeric metric."""
+    spec = registry.specs().get(stage_type)
     panels = []
-    for title, ylabel, patterns in PANELS.get(stage_type, []):
+    for title, ylabel, patterns in spec.panels if spec is not None else ():
         keys = [k for p in patterns for k in matching_keys(p, rows) if series(rows, k)[1]]
         if keys:
             panels.append((title, ylabel, keys))
-    if panels or stage_type in PANELS:
+    if panels or (spec is not None and spec.panels):
         return panels
     numeric = []
     for row in rows:
@@ -340,7 +313,7 @@ def write_report(run_dir: Path) -> Path:
             lines += [f"Status: {record.status}.", ""]
         if (record.done or {}).get("resumed"):
             lines += [f"Interrupted and {record.done['resumed']}.", ""]
-        if record.type == "eval":
+        if registry.specs().get(record.type) is not None and registry.spec(record.type).evaluates:
             lines += eval_section(record)
             continue
         figure = stage_figure(f"stage {record.index}: {record.name} ({record.type})", record.type, record.metrics)

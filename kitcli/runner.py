@@ -35,7 +35,8 @@ from kitcli.data import fingerprint
 from kitcli.errors import KitError
 from kitcli.progress import emit_json, stage_display
 from kitcli.context import StageContext
-from kitcli.recipe import STAGE_MODULES, Recipe
+from kitcli import registry
+from kitcli.recipe import Recipe
 from kitcli.rundir import RunDir, StageDir, redact
 
 PACKAGES = ("torch", "transformers", "trl", "peft", "unsloth", "unsloth_zoo", "bitsandbytes", "datasets",
@@ -43,7 +44,7 @@ PACKAGES = ("torch", "transformers", "trl", "peft", "unsloth", "unsloth_zoo", "b
 
 
 def stage_module(stage_type: str):
-    return importlib.import_module(STAGE_MODULES[stage_type])
+    return registry.module(stage_type)
 
 
 def package_versions() -> dict[str, str]:
@@ -229,7 +230,7 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
                 shutil.rmtree(ctx.stage_dir)
             ctx.stage_dir.mkdir(parents=True, exist_ok=True)
         dist.barrier()
-        if not main and stage["type"] == "eval":  # generation is not distributed: the main process evaluates
+        if not main and registry.spec(stage["type"]).evaluates:  # generation is not distributed: main evaluates
             dist.barrier()
             outputs[stage["name"]] = ctx.stage_dir
             results.append((stage, ctx.dir.done() or {}, "ran (main process)"))
@@ -299,13 +300,10 @@ def run_stage(ctx: StageContext) -> dict[str, Any]:
     return summary
 
 
-MEMORY_SETTINGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "max_length",
-                   "max_completion_length", "num_generations", "generation_batch_size", "response_length")
-
-
 def out_of_memory(ctx: StageContext) -> KitError:
     train = ctx.stage.get("train", {})
-    settings = ", ".join(f"{k}={train[k]}" for k in MEMORY_SETTINGS if k in train) or "the stage's train settings"
+    memory = registry.spec(ctx.stage["type"]).memory_settings
+    settings = ", ".join(f"{k}={train[k]}" for k in memory if k in train) or "the stage's train settings"
     return KitError(f"stage '{ctx.name}' ran out of GPU memory ({settings}; lora.r={(ctx.recipe.data['lora'] or {}).get('r')}, "
                     f"model.max_seq_length={ctx.model['max_seq_length']}); lower per_device_train_batch_size (raise "
                     f"gradient_accumulation_steps to keep the batch), the lengths or num_generations, or lora.r; "
@@ -321,7 +319,7 @@ def print_summary(results, console: Console, report: Path | None = None, run_dir
     for stage, summary, status in results:
         table.add_row(stage["name"], stage["type"], status, str(summary.get("seconds", "")), summary.get("headline", ""))
     console.print(table)
-    evals = [(stage, summary) for stage, summary, _ in results if stage["type"] == "eval"]
+    evals = [(stage, summary) for stage, summary, _ in results if registry.spec(stage["type"]).evaluates]
     if evals:
         header, rows = before_after(evals)
         table = Table(title="evaluation (held-out): before and after training")

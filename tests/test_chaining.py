@@ -2,8 +2,9 @@
 `reward_model:` passes a reward model trained earlier in the recipe to a GRPO stage.
 
 "Stage 2 starts from exactly the weights stage 1 saved" is checked end to end: stage 2 trains real steps with a
-learning rate of 0, so its saved adapter must be bit-identical to stage 1's; a stage that started from a fresh
-adapter, or from a copy that was rounded on the way (e.g. to bfloat16), would differ.
+learning rate of 1e-30, whose AdamW steps (about 1e-29) are far below float32's resolution at these weights, so its
+saved adapter must be bit-identical to stage 1's; a stage that started from a fresh adapter, or from a copy that was
+rounded on the way (e.g. to bfloat16), would differ. (A learning rate of 0 is refused: it trains nothing.)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ PROMPTS = str(DATA / "arithmetic_prompts.jsonl")
 PREFS = str(DATA / "arithmetic_prefs.jsonl")
 RL = {"max_steps": 2, "per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 4,
       "logging_steps": 1, "save_steps": 50}
-FROZEN = {"learning_rate": 0.0}
+FROZEN = {"learning_rate": 1e-30}
 
 STAGES = [
     {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),

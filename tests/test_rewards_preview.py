@@ -64,8 +64,11 @@ def test_reward_model_without_a_model_names_the_stage(tmp_path):
 
 
 def preview_recipe(path: Path, failing: Path, **extra) -> Path:
+    reward_stage = [{"name": "rm", "type": "reward", "data": str(DATA / "arithmetic_prefs.jsonl")}] \
+        if extra.get("reward_model") == "rm" else []  # a recipe's reward_model names an earlier reward stage
     return write_recipe(path, [
         {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"), "train": {"max_steps": 1}},
+        *reward_stage,
         {"name": "grpo", "type": "grpo", "init": "sft", "data": str(DATA / "arithmetic_prompts.jsonl"),
          "rewards": ["exact_match",
                      {"name": "format", "args": {"tags": ["think", "answer"]}, "weight": 0.5},

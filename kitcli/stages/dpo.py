@@ -26,7 +26,9 @@ rewards/rejected, rewards/accuracies, rewards/margins, logps/*, logits/*.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
 
 from kitcli.backend import cuda_available, is_peft_model, load_stage_policy, save_model
 from kitcli.data import to_dataset
@@ -35,11 +37,18 @@ from kitcli.progress import attach_progress, read_metrics
 from kitcli import trainers
 from kitcli.checkpoints import resume_checkpoint, train
 from kitcli.context import StageContext
-from kitcli.stages.reward import check_init, describe_data, final_evaluation, has_eval, train_eval_rows
+from kitcli.schema import StageSpec
+from kitcli.stages.reward import PreferenceSection, describe_data, final_evaluation, has_eval, train_eval_rows
 from kitcli.trl_config import build_config, config_dict, config_summary
 
-# Stage types that save a policy (a causal LM) DPO can start from; a reward stage saves a scorer, not a policy.
-INIT_TYPES = ("sft", "dpo", "grpo", "gspo", "ppo")
+
+
+class DPOSection(PreferenceSection):
+    """Direct preference optimization: TRL's DPOTrainer against a frozen copy of the starting policy."""
+
+    type: Literal["dpo"]
+    system_prompt: str | None = Field(None, description="A system message put before every prompt (chat data).")
+    config: ClassVar[str] = "DPOConfig"
 TRACKED = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins")
 
 
@@ -89,7 +98,6 @@ def make_config(ctx: StageContext):
 def describe(ctx: StageContext) -> dict[str, Any]:
     from kitcli.backend import choose_backend, prepare_backend
 
-    check_init(ctx, INIT_TYPES, "DPO trains a policy (a causal LM) and a reward stage saves a scorer")
     prepare_backend(choose_backend(ctx.model["backend"]))
     config = make_config(ctx)
     return {"init": ctx.stage.get("init") or "base model",
@@ -100,7 +108,6 @@ def describe(ctx: StageContext) -> dict[str, Any]:
 
 def build_trainer(ctx: StageContext, config=None):
     """The DPOTrainer this stage trains with, its loaded policy, and how the reference was made."""
-    check_init(ctx, INIT_TYPES, "DPO trains a policy (a causal LM) and a reward stage saves a scorer")
     train_rows, eval_rows = train_eval_rows(ctx)
     config = config or make_config(ctx)
     loaded = load_stage_policy(ctx.model, lora=ctx.recipe.data["lora"], seed=ctx.seed, init_from=ctx.init_dir,
@@ -143,3 +150,18 @@ def run(ctx: StageContext) -> dict[str, Any]:
         summary["headline"] = (f"reward accuracy {first['rewards/accuracies']:.2f} -> {last['rewards/accuracies']:.2f}, "
                                f"margin {first['rewards/margins']:.2f} -> {last['rewards/margins']:.2f}")
     return summary
+
+
+SPEC = StageSpec(
+    type="dpo", module=__name__, section=DPOSection,
+    summary="TRL DPOTrainer, sigmoid loss, against a frozen copy of the starting policy",
+    output="policy", init_from=("policy",), trainer="dpo",
+    metrics=(("loss", "loss"), ("rewards/margins", "margin"), ("rewards/accuracies", "accuracy"),
+             ("rewards/chosen", "chosen"), ("rewards/rejected", "rejected"), ("learning_rate", "lr")),
+    panels=(("loss", "loss", ("loss", "eval_loss")),
+            ("reward margin", "margin", ("rewards/margins", "eval_rewards/margins")),
+            ("reward accuracy", "accuracy", ("rewards/accuracies", "eval_rewards/accuracies")),
+            ("implicit rewards", "reward", ("rewards/chosen", "rewards/rejected"))),
+    launcher="data parallel (TRL DPOTrainer)",
+    memory_settings=("per_device_train_batch_size", "gradient_accumulation_steps", "max_length"),
+    defaults=stage_defaults)

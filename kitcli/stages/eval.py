@@ -25,15 +25,35 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
 
 from kitcli.backend import load_stage_policy
 from kitcli.data import read_rows, require_columns
 from kitcli.errors import KitError, did_you_mean
 from kitcli.evaluate import exact_match, generate
 from kitcli.context import StageContext
+from kitcli.schema import DataSpec, GenerationSpec, RewardSpec, StageSection, StageSpec, fail
 
 GENERATION_DEFAULTS = {"max_new_tokens": 32, "batch_size": 32, "temperature": 0.0, "n": 1, "show": 3}
+
+
+class EvalSection(StageSection):
+    """Held-out evaluation: generate for each prompt, score exact match, pass@k and rewards."""
+
+    type: Literal["eval"]
+    data: DataSpec = Field(description="Held-out rows: prompt, and answer for exact match.")
+    generation: GenerationSpec | None = Field(None, description="How to generate.")
+    rewards: list[RewardSpec] = Field(default_factory=list, description="Rewards to average over the completions.")
+    system_prompt: str | None = Field(None, description="A system message put before every prompt.")
+
+    @field_validator("generation", mode="before")
+    @classmethod
+    def mapping(cls, raw):
+        if raw is not None and not isinstance(raw, dict):
+            raise fail("generation must be a mapping, e.g. {max_new_tokens: 16, temperature: 0.0}")
+        return raw
 
 
 def check_generation(raw: Any, where: str) -> dict[str, Any]:
@@ -201,3 +221,9 @@ def run(ctx: StageContext) -> dict[str, Any]:
     write_samples(ctx.dir.samples, records)
     ctx.log(f"{ctx.name}: {summary['headline']}")
     return summary
+
+
+SPEC = StageSpec(
+    type="eval", module=__name__, section=EvalSection,
+    summary="greedy (or n-sample) generation on a held-out file: exact match, pass@k, reward means",
+    output="none", init_from=("policy",), evaluates=True, launcher="main process only (the others wait)")

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
 
 from kitcli import dist
 from kitcli.backend import cuda_available, load_stage_policy, save_model
@@ -35,6 +37,7 @@ from kitcli.progress import attach_progress, read_metrics
 from kitcli.checkpoints import resume_checkpoint, train
 from kitcli.trainers import trainer_summary
 from kitcli.context import StageContext
+from kitcli.schema import RESERVED_TRAIN, RewardedSection, StageSpec
 from kitcli.trl_config import COMMON_DEFAULTS, build_config, config_dict, config_summary
 
 # The fields each preset sets; every variant sets all of them, so switching variants never inherits a default.
@@ -49,8 +52,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
              "mask_truncated_completions": False, "importance_sampling_level": "token"},
 }
 DEFAULT_VARIANT = "grpo"
-# Stage types whose output is a policy adapter that `init:` can continue from.
-POLICY_STAGES = ("sft", "dpo", "grpo", "gspo", "ppo")
+
+
+class GRPOSection(RewardedSection):
+    """GRPO: TRL's GRPOTrainer with a `variant:` preset of the objective."""
+
+    type: Literal["grpo"]
+    variant: Literal[tuple(VARIANTS)] = Field(DEFAULT_VARIANT, description="The objective: " + ", ".join(VARIANTS))
+    config: ClassVar[str] = "GRPOConfig"
+    reserved: ClassVar[dict[str, str]] = {**RESERVED_TRAIN, "reward_weights": "each reward's weight: gives it"}
 
 
 def base_defaults(ctx: StageContext) -> dict[str, Any]:
@@ -88,11 +98,7 @@ def base_defaults(ctx: StageContext) -> dict[str, Any]:
 
 
 def variant_name(ctx: StageContext) -> str:
-    name = ctx.stage.get("variant", DEFAULT_VARIANT)
-    if name not in VARIANTS:
-        raise KitError(f"{ctx.where}: unknown variant '{name}'{did_you_mean(str(name), VARIANTS)} "
-                       f"(available: {', '.join(VARIANTS)})")
-    return name
+    return ctx.stage.get("variant") or DEFAULT_VARIANT
 
 
 def stage_defaults(ctx: StageContext, preset: dict[str, Any]) -> dict[str, Any]:
@@ -156,59 +162,32 @@ def check_save_steps(values: dict[str, Any], where: str) -> None:
                        f"exactly; use save_steps {options}")
 
 
-def check_references(ctx: StageContext) -> None:
-    """`init:` must name a policy stage and `reward_model:` a reward stage (the recipe checks they are earlier)."""
-    types = {s["name"]: s["type"] for s in ctx.recipe.stages}
-    init = ctx.stage.get("init")
-    if init is not None and types.get(init) not in POLICY_STAGES:
-        raise KitError(f"{ctx.where}: init '{init}' is a {types.get(init)} stage; init passes a policy adapter, "
-                       f"so name an earlier {'/'.join(POLICY_STAGES)} stage (a reward model goes in reward_model:)")
-    reward_stage = reward_model_stage(ctx)
-    if reward_stage is None:
-        return
-    earlier = [s["name"] for s in ctx.recipe.stages[: [s["name"] for s in ctx.recipe.stages].index(ctx.name)]]
-    if reward_stage not in earlier:
-        raise KitError(f"{ctx.where}: reward_model '{reward_stage}' is not an earlier stage"
-                       f"{did_you_mean(reward_stage, earlier)}; name a reward stage that runs before this one")
-    if types[reward_stage] != "reward":
-        raise KitError(f"{ctx.where}: reward_model '{reward_stage}' is a {types[reward_stage]} stage; name an "
-                       f"earlier stage of type reward (a policy to start from goes in init:)")
-
-
 def reward_model_stage(ctx: StageContext) -> str | None:
-    raw = ctx.stage.get("reward_model")
-    if raw is None:
+    """The reward stage whose merged model scores completions, if `reward_model:` names one."""
+    return (ctx.stage.get("reward_model") or {}).get("stage")
+
+
+def reward_model_name(ctx: StageContext) -> str | None:
+    """The reward model's name: its stage, or its directory's name (TRL logs it as rewards/<name>/mean)."""
+    spec = ctx.stage.get("reward_model")
+    if spec is None:
         return None
-    if isinstance(raw, dict):
-        unknown = set(raw) - {"stage", "weight"}
-        if unknown or "stage" not in raw:
-            raise KitError(f"{ctx.where}: reward_model is a reward stage name, or a mapping with 'stage' and "
-                           f"optional 'weight'")
-        return str(raw["stage"])
-    return str(raw)
+    return spec.get("stage") or Path(spec["path"]).name
 
 
 def reward_model_weight(ctx: StageContext) -> float:
-    raw = ctx.stage.get("reward_model")
-    weight = raw.get("weight", 1.0) if isinstance(raw, dict) else 1.0
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-        raise KitError(f"{ctx.where}: reward_model.weight must be a number, got {weight!r}")
-    return float(weight)
+    return float(ctx.stage["reward_model"]["weight"])
 
 
 def load_reward_functions(ctx: StageContext):
     from rewards.registry import load_rewards
 
-    specs = ctx.stage.get("rewards") or []
-    if not specs and ctx.stage.get("reward_model") is None:
-        raise KitError(f"{ctx.where}: no rewards; list reward functions under rewards: (e.g. - exact_match) "
-                       f"and/or name a reward stage with reward_model:")
-    return load_rewards(specs, ctx.recipe.base_dir, f"{ctx.where}: rewards")
+    return load_rewards(ctx.stage.get("rewards") or [], ctx.recipe.base_dir, f"{ctx.where}: rewards")
 
 
 def reward_weights(ctx: StageContext, rewards) -> list[float]:
     weights = [r.weight for r in rewards]
-    if reward_model_stage(ctx) is not None:
+    if ctx.stage.get("reward_model") is not None:
         weights.append(reward_model_weight(ctx))
     return weights
 
@@ -242,8 +221,6 @@ def load_rows(ctx: StageContext) -> list[dict[str, Any]]:
             raise KitError(f"{ctx.where}: row {index} of '{spec['path']}' has an empty prompt; every GRPO row "
                            f"needs a prompt (a string or a list of messages)")
     system = ctx.stage.get("system_prompt")
-    if system is not None and not isinstance(system, str):
-        raise KitError(f"{ctx.where}: system_prompt must be a string")
     return [{**row, "prompt": with_system_prompt(row["prompt"], system)} for row in rows]
 
 
@@ -282,15 +259,15 @@ def describe_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, A
     from kitcli.backend import choose_backend, prepare_backend
 
     prepare_backend(choose_backend(ctx.model["backend"]))
-    check_references(ctx)
     spec = ctx.stage["data"]
     rows: Any = len(load_rows(ctx)) if is_local(spec) else "hub dataset, read when the stage runs"
     rewards = load_reward_functions(ctx)
     defaults = resolved_defaults(ctx, preset, rewards)
     config = make_config(ctx, defaults)
     listed = [f"{r.name} (weight {r.weight:g}, {r.source})" for r in rewards]
-    if reward_model_stage(ctx) is not None:
-        listed.append(f"reward model of stage '{reward_model_stage(ctx)}' (weight {reward_model_weight(ctx):g})")
+    if ctx.stage.get("reward_model") is not None:
+        source = f"of stage '{reward_model_stage(ctx)}'" if reward_model_stage(ctx) else ctx.stage["reward_model"]["path"]
+        listed.append(f"reward model {source} (weight {reward_model_weight(ctx):g})")
     return {"init": ctx.stage.get("init") or "base model", **extra, "data": spec["path"], "rows": rows,
             "rewards": listed, **config_summary(config, defaults, ctx.stage.get("train", {}))}
 
@@ -301,15 +278,16 @@ def describe(ctx: StageContext) -> dict[str, Any]:
 
 
 def load_reward_scorer(ctx: StageContext):
-    """The merged sequence-classification model (and tokenizer) the named reward stage saved."""
+    """The sequence-classification reward model (and tokenizer): the merged model a reward stage saved, or the
+    directory `reward_model: {path}` names."""
     from kitcli.backend import load_seq_cls_scorer
 
     stage = reward_model_stage(ctx)
-    merged = ctx.output(stage).merged
-    if not (merged / "config.json").exists():
-        raise KitError(f"{ctx.where}: reward stage '{stage}' left no merged model in {merged}; re-run it with --force")
-    model, tokenizer = load_seq_cls_scorer(merged, dtype=ctx.model["dtype"], log=ctx.log)
-    model.config._name_or_path = stage  # TRL logs a reward model as rewards/<name_or_path>/mean
+    path = ctx.output(stage).merged if stage else Path(ctx.stage["reward_model"]["path"])
+    if not (path / "config.json").exists():
+        raise KitError(f"{ctx.where}: reward stage '{stage}' left no merged model in {path}; re-run it with --force")
+    model, tokenizer = load_seq_cls_scorer(path, dtype=ctx.model["dtype"], log=ctx.log)
+    model.config._name_or_path = reward_model_name(ctx)  # TRL logs a reward model as rewards/<name_or_path>/mean
     return model, tokenizer
 
 
@@ -333,17 +311,15 @@ def build_trainer(ctx: StageContext, preset: dict[str, Any], config=None):
     from kitcli.trainers import build_trainer as build
     from rewards.guard import RewardStats, guard_rewards
 
-    check_references(ctx)
     rows = load_rows(ctx)
     rewards = load_reward_functions(ctx)
-    defaults = resolved_defaults(ctx, preset, rewards)
-    config = config or make_config(ctx, defaults)
+    config = config or make_config(ctx, resolved_defaults(ctx, preset, rewards))
     loaded = load_stage_policy(ctx.model, lora=ctx.recipe.data["lora"], seed=ctx.seed, init_from=ctx.init_dir,
                                log=ctx.log)
     stats = RewardStats()
     reward_funcs: list[Any] = guard_rewards(rewards, stats)
     processing: list[Any] = [None] * len(reward_funcs)
-    if reward_model_stage(ctx) is not None:
+    if ctx.stage.get("reward_model") is not None:
         model, tokenizer = load_reward_scorer(ctx)
         reward_funcs.append(model)
         processing.append(tokenizer)
@@ -364,7 +340,6 @@ def window_mean(values: list[float], first: bool) -> float | None:
 
 
 def train_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    check_references(ctx)
     config = make_config(ctx, resolved_defaults(ctx, preset, load_reward_functions(ctx)))
     metrics_path = ctx.dir.metrics
     resume = resume_checkpoint(ctx, metrics_path, config_dict(config))
@@ -396,3 +371,27 @@ def train_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any]
 def run(ctx: StageContext) -> dict[str, Any]:
     variant = variant_name(ctx)
     return train_stage(ctx, VARIANTS[variant], {"variant": variant})
+
+
+RL_METRICS = (("reward", "reward"), ("rewards/*/mean", "*"), ("reward_std", "reward_std"),
+              ("frac_reward_zero_std", "zero_std_frac"), ("kl", "kl"), ("clip_ratio/region_mean", "clip_ratio"),
+              ("completions/mean_length", "length"), ("entropy", "entropy"))
+RL_PANELS = (("reward", "mean reward", ("reward", "rewards/*/mean")),
+             ("reward spread", "value", ("reward_std", "frac_reward_zero_std")),
+             ("KL to the reference", "KL", ("kl",)),
+             ("completion length", "tokens", ("completions/mean_length", "completions/min_length",
+                                              "completions/max_length")),
+             ("entropy", "nats per token", ("entropy",)),
+             ("clipped importance ratios", "fraction of tokens", ("clip_ratio/region_mean", "clip_ratio/low_mean",
+                                                                 "clip_ratio/high_mean")),
+             ("truncated completions (hit max_completion_length)", "fraction", ("completions/clipped_ratio",)),
+             ("loss", "loss", ("loss",)))
+RL_MEMORY = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations", "generation_batch_size",
+             "max_completion_length")
+
+SPEC = StageSpec(
+    type="grpo", module=__name__, section=GRPOSection,
+    summary="TRL GRPOTrainer with a variant preset: grpo, dr_grpo, dapo, bnpo",
+    output="policy", init_from=("policy",), trainer="grpo", metrics=RL_METRICS, panels=RL_PANELS, rl=True,
+    launcher="data parallel (TRL GRPOTrainer): each process generates its share of the completions",
+    memory_settings=RL_MEMORY, defaults=lambda ctx: {**base_defaults(ctx), **VARIANTS[variant_name(ctx)]}, rows=load_rows)

@@ -16,12 +16,24 @@ Everything else (rewards, reward_model, init, train overrides) is as in the GRPO
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
 
 from kitcli import dist
 from kitcli.errors import KitError
 from kitcli.context import StageContext
+from kitcli.schema import RESERVED_TRAIN, RewardedSection, StageSpec
 from kitcli.stages import grpo
+
+class GSPOSection(RewardedSection):
+    """GSPO: GRPO with the importance ratio and clipping at the sequence level (the paper's configuration)."""
+
+    type: Literal["gspo"]
+    allow_on_policy: bool = Field(False, description="Run on-policy settings anyway (the sequence ratio is then 1).")
+    config: ClassVar[str] = "GRPOConfig"
+    reserved: ClassVar[dict[str, str]] = {**RESERVED_TRAIN, "reward_weights": "each reward's weight: gives it"}
+
 
 GSPO_PRESET: dict[str, Any] = {
     "importance_sampling_level": "sequence",
@@ -41,10 +53,7 @@ def check_off_policy(ctx: StageContext) -> None:
     if train.get("importance_sampling_level", "sequence") != "sequence":
         raise KitError(f"{ctx.where}: a gspo stage uses importance_sampling_level 'sequence'; for token-level "
                        f"ratios use a stage of type grpo")
-    allow = ctx.stage.get("allow_on_policy", False)
-    if not isinstance(allow, bool):
-        raise KitError(f"{ctx.where}: allow_on_policy must be true or false, got {allow!r}")
-    if allow:
+    if ctx.stage.get("allow_on_policy"):
         return
     values = {**grpo.stage_defaults(ctx, GSPO_PRESET), **train}
     accumulation = values["gradient_accumulation_steps"]
@@ -71,3 +80,11 @@ def describe(ctx: StageContext) -> dict[str, Any]:
 def run(ctx: StageContext) -> dict[str, Any]:
     check_off_policy(ctx)
     return grpo.train_stage(ctx, GSPO_PRESET, {"method": "gspo"})
+
+
+SPEC = StageSpec(
+    type="gspo", module=__name__, section=GSPOSection,
+    summary="GRPO with importance_sampling_level sequence and the paper's configuration",
+    output="policy", init_from=("policy",), trainer="grpo", metrics=grpo.RL_METRICS, panels=grpo.RL_PANELS, rl=True,
+    launcher="data parallel (TRL GRPOTrainer)", memory_settings=grpo.RL_MEMORY,
+    defaults=lambda ctx: {**grpo.base_defaults(ctx), **GSPO_PRESET}, rows=grpo.load_rows)

@@ -32,7 +32,9 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
 
 from kitcli import interrupt
 from kitcli.backend import cuda_available, load_stage_policy, resolve_model_path, save_model
@@ -42,9 +44,9 @@ from kitcli.rundir import StageDir
 from kitcli.progress import StageDashboard, read_metrics
 from kitcli.checkpoints import resume_checkpoint
 from kitcli.context import StageContext
+from kitcli.schema import DataSpec, RewardedSection, StageSpec
 from kitcli.trl_config import build_config
 
-POLICY_STAGES = ("sft", "dpo", "grpo", "gspo", "ppo")
 POLICY, REFERENCE, CRITIC, REWARD = "default", "reference", "critic", "reward"
 REWARD_ARGS = {"prompts", "completions", "completion_ids", "kwargs"}
 
@@ -186,60 +188,18 @@ def make_config(ctx: StageContext) -> PPOConfig:
 # --- references, rewards and data -------------------------------------------------------------------------------
 
 def reward_model_spec(ctx: StageContext) -> dict[str, Any] | None:
-    """`reward_model:` as {stage or path, weight}: an earlier reward stage's name, or a directory holding an
-    AutoModelForSequenceClassification (a string with '/' is a path)."""
-    raw = ctx.stage.get("reward_model")
-    if raw is None:
+    """`reward_model:` as the recipe validated it: {stage or path, weight} (kitcli/schema.py)."""
+    spec = ctx.stage.get("reward_model")
+    if spec is None:
         return None
-    if isinstance(raw, str):
-        raw = {"path": raw} if ("/" in raw or raw.startswith((".", "~"))) else {"stage": raw}
-    if not isinstance(raw, dict) or set(raw) - {"stage", "path", "weight"} or len({"stage", "path"} & set(raw)) != 1:
-        raise KitError(f"{ctx.where}: reward_model is a reward stage name, or a mapping with 'stage' (or 'path' to a "
-                       f"sequence-classification model directory) and optional 'weight'")
-    weight = raw.get("weight", 1.0)
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-        raise KitError(f"{ctx.where}: reward_model.weight must be a number, got {weight!r}")
-    spec = {"weight": float(weight)}
-    if "stage" in raw:
-        spec["stage"] = str(raw["stage"])
-    else:
-        path = Path(str(raw["path"])).expanduser()
-        path = path if path.is_absolute() else ctx.recipe.base_dir / path
-        if not (path / "config.json").is_file():
-            raise KitError(f"{ctx.where}: reward_model path '{raw['path']}' is not a model directory (no config.json "
-                           f"in {path}); give a saved AutoModelForSequenceClassification or a reward stage name")
-        spec["path"] = path
-    return spec
-
-
-def check_references(ctx: StageContext) -> None:
-    """`init:` names a policy stage; `reward_model:` an earlier stage of type reward."""
-    types = {s["name"]: s["type"] for s in ctx.recipe.stages}
-    init = ctx.stage.get("init")
-    if init is not None and types.get(init) not in POLICY_STAGES:
-        raise KitError(f"{ctx.where}: init '{init}' is a {types.get(init)} stage; init passes a policy adapter, so "
-                       f"name an earlier {'/'.join(POLICY_STAGES)} stage (a reward model goes in reward_model:)")
-    spec = reward_model_spec(ctx)
-    if spec is None or "stage" not in spec:
-        return
-    names = [s["name"] for s in ctx.recipe.stages]
-    earlier = names[: names.index(ctx.name)]
-    if spec["stage"] not in earlier:
-        raise KitError(f"{ctx.where}: reward_model '{spec['stage']}' is not an earlier stage"
-                       f"{did_you_mean(spec['stage'], earlier)}; name a reward stage that runs before this one")
-    if types[spec["stage"]] != "reward":
-        raise KitError(f"{ctx.where}: reward_model '{spec['stage']}' is a {types[spec['stage']]} stage; name an "
-                       f"earlier stage of type reward")
+    return {"weight": float(spec["weight"]), **({"stage": spec["stage"]} if spec.get("stage") else
+                                                {"path": Path(spec["path"])})}
 
 
 def load_reward_functions(ctx: StageContext):
     from rewards.registry import load_rewards
 
-    specs = ctx.stage.get("rewards") or []
-    if not specs and ctx.stage.get("reward_model") is None:
-        raise KitError(f"{ctx.where}: PPO needs a reward; name a reward stage with reward_model: <stage> and/or list "
-                       f"reward functions under rewards: (e.g. - exact_match)")
-    return load_rewards(specs, ctx.recipe.base_dir, f"{ctx.where}: rewards")
+    return load_rewards(ctx.stage.get("rewards") or [], ctx.recipe.base_dir, f"{ctx.where}: rewards")
 
 
 def load_rows(ctx: StageContext, key: str = "data") -> list[dict[str, Any]]:
@@ -284,7 +244,6 @@ def describe(ctx: StageContext) -> dict[str, Any]:
     from kitcli.backend import choose_backend, prepare_backend
 
     prepare_backend(choose_backend(ctx.model["backend"]))
-    check_references(ctx)
     rewards = load_reward_functions(ctx)
     config = make_config(ctx)
     local = Path(ctx.stage["data"]["path"]).is_file()
@@ -971,7 +930,6 @@ def train(ctx: StageContext, config: PPOConfig, models: PPOModels, rows, reward_
 def run(ctx: StageContext) -> dict[str, Any]:
     from rewards.guard import RewardStats, guard_rewards
 
-    check_references(ctx)
     config = make_config(ctx)
     rows = load_rows(ctx)
     rewards = load_reward_functions(ctx)
@@ -1015,3 +973,35 @@ def run(ctx: StageContext) -> dict[str, Any]:
     parts.append(f"{models.base_copies} base cop{'y' if models.base_copies == 1 else 'ies'}")
     summary["headline"] = "; ".join(parts)
     return summary
+
+
+class PPOSection(RewardedSection):
+    """RLHF with PPO (the kit's own loop): a critic with GAE, a per-token KL penalty, clipped surrogate."""
+
+    type: Literal["ppo"]
+    eval_data: DataSpec | None = Field(None, description="Held-out prompts scored before and after training.")
+    config: ClassVar[str] = "PPOConfig"
+
+
+SPEC = StageSpec(
+    type="ppo", module=__name__, section=PPOSection,
+    summary="RLHF with PPO, written in kit: per-token KL to the frozen reference, a critic with GAE",
+    output="policy", init_from=("policy",), rl=True,
+    metrics=(("objective/scores", "score"), ("rewards/*/mean", "*"), ("objective/kl", "kl"),
+             ("objective/non_score_reward", "non_score"), ("loss/policy", "pg_loss"), ("loss/value", "vf_loss"),
+             ("policy/entropy", "entropy"), ("policy/clipfrac", "clipfrac"), ("policy/approxkl", "approxkl"),
+             ("val/explained_variance", "explained_var"), ("eval/score", "eval_score"),
+             ("eval/exact_match", "eval_exact_match")),
+    panels=(("score", "mean score", ("objective/scores", "rewards/*/mean", "objective/rlhf_reward")),
+            ("KL to the reference", "KL", ("objective/kl", "policy/approxkl")),
+            ("losses", "loss", ("loss/policy", "loss/value")),
+            ("entropy", "nats per token", ("policy/entropy",)),
+            ("clip fractions", "fraction", ("policy/clipfrac", "val/clipfrac")),
+            ("value function", "explained variance", ("val/explained_variance",)),
+            ("held-out", "score", ("eval/score", "eval/exact_match"))),
+    launcher=None, launcher_refusal="kit's PPO loop is a single-process loop (no DDP); run PPO recipes without "
+                                    "--launcher",
+    memory_settings=("per_device_train_batch_size", "num_mini_batches", "response_length"),
+    defaults=stage_defaults, checkpoint_files=("policy_adapter.safetensors", "critic_adapter.safetensors",
+                                               "value_head.safetensors", "optimizer.pt", "rng.pt",
+                                               "trainer_state.json"), rows=load_rows)

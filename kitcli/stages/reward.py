@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
 
 from kitcli.backend import (cuda_available, load_reward_model, resolve_model_path, save_merged_reward_model,
                             save_model)
@@ -33,12 +35,32 @@ from kitcli.checkpoints import resume_checkpoint, train
 from kitcli.trainers import trainer_summary
 from kitcli.progress import attach_progress, read_metrics
 from kitcli.context import StageContext
+from kitcli.schema import DataSpec, StageSpec, TrainingSection, fail
 from kitcli.trl_config import build_config, config_dict, config_summary
 
 PAIR_COLUMNS = ["chosen", "rejected"]
 DEFAULT_EVAL_FRACTION = 0.1
-# Stage types whose output a reward model may start from: policies (their LoRA fits the decoder) and reward models.
-INIT_TYPES = ("sft", "dpo", "grpo", "gspo", "ppo", "reward")
+
+
+class PreferenceSection(TrainingSection):
+    """A stage trained on preference pairs (reward model, DPO), with an eval split."""
+
+    eval_data: DataSpec | None = Field(None, description="Held-out pairs (instead of eval_fraction).")
+    eval_fraction: Annotated[float, Field(ge=0, lt=1)] | None = Field(
+        None, description=f"Share of the pairs held out at random (default {DEFAULT_EVAL_FRACTION}; 0: none).")
+
+    @model_validator(mode="after")
+    def one_eval_split(self):
+        if self.eval_data is not None and self.eval_fraction is not None:
+            raise fail("give eval_data or eval_fraction, not both")
+        return self
+
+
+class RewardSection(PreferenceSection):
+    """A reward model: Bradley-Terry training of a scalar head with TRL's RewardTrainer."""
+
+    type: Literal["reward"]
+    config: ClassVar[str] = "RewardConfig"
 
 
 # --- preference data (shared with the DPO stage) -----------------------------------------------------------------
@@ -140,16 +162,6 @@ def final_evaluation(trainer, metrics_path: Path) -> dict[str, Any]:
     return trainer.evaluate()
 
 
-def check_init(ctx: StageContext, allowed: tuple[str, ...], what: str) -> None:
-    init = ctx.stage.get("init")
-    if init is None:
-        return
-    init_type = ctx.recipe.stage(init)["type"]
-    if init_type not in allowed:
-        raise KitError(f"{ctx.where}: init '{init}' is a {init_type} stage, but {what}; name a stage of type "
-                       f"{', '.join(allowed)}, or leave init out to start from the base model")
-
-
 def describe_data(ctx: StageContext) -> dict[str, Any]:
     """What dry-run shows about the data, without downloading a hub dataset."""
     out: dict[str, Any] = {"data": ctx.stage["data"]["path"]}
@@ -196,7 +208,6 @@ def make_config(ctx: StageContext):
 def describe(ctx: StageContext) -> dict[str, Any]:
     from kitcli.backend import choose_backend, prepare_backend
 
-    check_init(ctx, INIT_TYPES, "a reward model starts from a policy or another reward model")
     prepare_backend(choose_backend(ctx.model["backend"]))  # unsloth before trl, as the run's policy stages need
     config = make_config(ctx)
     return {"init": ctx.stage.get("init") or "base model", **describe_data(ctx),
@@ -214,7 +225,6 @@ def build_trainer(ctx: StageContext, config=None):
     """The RewardTrainer this stage trains with (and the loaded model), before any step is taken."""
     from kitcli.trainers import build_trainer as build
 
-    check_init(ctx, INIT_TYPES, "a reward model starts from a policy or another reward model")
     train_rows, eval_rows = train_eval_rows(ctx)
     config = config or make_config(ctx)
     loaded = load_reward_model(
@@ -270,3 +280,16 @@ def run(ctx: StageContext) -> dict[str, Any]:
     elif losses:
         summary["headline"] = f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
     return summary
+
+
+SPEC = StageSpec(
+    type="reward", module=__name__, section=RewardSection,
+    summary="TRL RewardTrainer: Bradley-Terry loss on chosen/rejected pairs; saves adapter/ and merged/",
+    output="scorer", init_from=("policy", "scorer"), trainer="reward",
+    metrics=(("loss", "loss"), ("accuracy", "accuracy"), ("margin", "margin"), ("learning_rate", "lr")),
+    panels=(("loss", "loss", ("loss", "eval_loss")),
+            ("pair accuracy (r_chosen > r_rejected)", "accuracy", ("accuracy", "eval_accuracy")),
+            ("margin (r_chosen - r_rejected)", "margin", ("margin", "eval_margin"))),
+    launcher="data parallel (TRL RewardTrainer); the merged model is written by the main process",
+    memory_settings=("per_device_train_batch_size", "gradient_accumulation_steps", "max_length"),
+    defaults=stage_defaults)

@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
 
 from kitcli.backend import cuda_available, load_stage_policy, save_model
 from kitcli.data import read_rows, require_columns, to_dataset
@@ -14,9 +16,18 @@ from kitcli.progress import attach_progress, read_metrics
 from kitcli.checkpoints import resume_checkpoint, train
 from kitcli.context import StageContext
 from kitcli.trainers import build_trainer, trainer_summary
+from kitcli.schema import StageSpec, TrainingSection
 from kitcli.trl_config import build_config, config_dict, config_summary
 
 COLUMN_OPTIONS = [["prompt", "completion"], ["messages"], ["text"]]
+
+
+class SFTSection(TrainingSection):
+    """Supervised fine-tuning: TRL's SFTTrainer on prompt/completion, messages or text data."""
+
+    type: Literal["sft"]
+    system_prompt: str | None = Field(None, description="A system message put before every prompt (chat data).")
+    config: ClassVar[str] = "SFTConfig"
 
 
 def stage_defaults(ctx: StageContext) -> dict[str, Any]:
@@ -74,3 +85,14 @@ def run(ctx: StageContext) -> dict[str, Any]:
     if losses:
         summary["headline"] = f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
     return summary
+
+
+SPEC = StageSpec(
+    type="sft", module=__name__, section=SFTSection, summary="TRL SFTTrainer on prompt/completion, messages or text",
+    output="policy", init_from=("policy",), trainer="sft",
+    metrics=(("loss", "loss"), ("mean_token_accuracy", "token_acc"), ("learning_rate", "lr")),
+    panels=(("loss", "loss", ("loss", "eval_loss")),
+            ("token accuracy", "accuracy", ("mean_token_accuracy", "eval_mean_token_accuracy"))),
+    launcher="data parallel (TRL SFTTrainer)",
+    memory_settings=("per_device_train_batch_size", "gradient_accumulation_steps", "max_length"),
+    defaults=stage_defaults)
