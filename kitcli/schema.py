@@ -293,7 +293,7 @@ class StageSpec:
     launcher: str | None = None  # how it runs under `kit run --launcher`; None: it does not
     launcher_refusal: str = ""  # why not
     memory_settings: tuple[str, ...] = ()  # train: fields that decide its memory (named on out-of-memory)
-    defaults: Callable[[Any], dict[str, Any]] | None = None  # its trainer config defaults, given a StageContext
+    defaults: Callable[..., dict[str, Any]] | None = None  # its config defaults: (StageContext, on_gpu=None) -> dict
     rows: Callable[[Any], list[dict[str, Any]]] | None = None  # its prompts as it reads them (RL stages)
     checkpoint_files: tuple[str, ...] = ()  # what its own checkpoints hold (trainer stages: transformers' set)
     extra: dict[str, Any] = field(default_factory=dict)

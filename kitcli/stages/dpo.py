@@ -59,7 +59,7 @@ def several_passes(train: dict[str, Any]) -> bool:
     return train.get("max_steps", -1) in (-1, None) and float(train.get("num_train_epochs", 1)) > 1
 
 
-def stage_defaults(ctx: StageContext) -> dict[str, Any]:
+def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, Any]:
     evaluating = has_eval(ctx)
     return {
         "learning_rate": 5e-6,
@@ -77,7 +77,7 @@ def stage_defaults(ctx: StageContext) -> dict[str, Any]:
         "precompute_ref_batch_size": None,
         "sync_ref_model": False,
         "disable_dropout": True,
-        "gradient_checkpointing": cuda_available(),
+        "gradient_checkpointing": cuda_available() if on_gpu is None else on_gpu,
         "pad_to_multiple_of": None,
         "eval_strategy": "steps" if evaluating else "no",
         "eval_steps": 25,

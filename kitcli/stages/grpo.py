@@ -63,10 +63,10 @@ class GRPOSection(RewardedSection):
     reserved: ClassVar[dict[str, str]] = {**RESERVED_TRAIN, "reward_weights": "each reward's weight: gives it"}
 
 
-def base_defaults(ctx: StageContext) -> dict[str, Any]:
+def base_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, Any]:
     """Generation and training settings shared by GRPO and GSPO stages, all explicit (TRL's and Unsloth's
     defaults differ and move)."""
-    on_gpu = cuda_available()
+    on_gpu = cuda_available() if on_gpu is None else on_gpu
     return {
         "learning_rate": 5e-6,
         "per_device_train_batch_size": 8,
@@ -394,4 +394,4 @@ SPEC = StageSpec(
     summary="TRL GRPOTrainer with a variant preset: grpo, dr_grpo, dapo, bnpo",
     output="policy", init_from=("policy",), trainer="grpo", metrics=RL_METRICS, panels=RL_PANELS, rl=True,
     launcher="data parallel (TRL GRPOTrainer): each process generates its share of the completions",
-    memory_settings=RL_MEMORY, defaults=lambda ctx: {**base_defaults(ctx), **VARIANTS[variant_name(ctx)]}, rows=load_rows)
+    memory_settings=RL_MEMORY, defaults=lambda ctx, on_gpu=None: {**base_defaults(ctx, on_gpu), **VARIANTS[variant_name(ctx)]}, rows=load_rows)

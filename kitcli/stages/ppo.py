@@ -166,7 +166,7 @@ def check_type(name: str, value: Any, annotation: str) -> None:
         raise ValueError(f"train.{name} must be {kind}, got {value!r}")
 
 
-def stage_defaults(ctx: StageContext) -> dict[str, Any]:
+def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, Any]:
     """PPOConfig's defaults are the kit's PPO defaults; they win over the kit's trainer-wide ones of the same name
     (precision and optimizer stay per device)."""
     device_keys = {"bf16", "fp16", "use_cpu", "optim", "output_dir", "seed", "data_seed"}

@@ -182,14 +182,14 @@ def describe_data(ctx: StageContext) -> dict[str, Any]:
 
 # --- the stage ------------------------------------------------------------------------------------------------------
 
-def stage_defaults(ctx: StageContext) -> dict[str, Any]:
+def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, Any]:
     evaluating = has_eval(ctx)
     return {
         "learning_rate": 1e-4,
         "max_length": ctx.model["max_seq_length"],  # pairs longer than this are dropped (logged)
         "center_rewards_coefficient": None,  # pure Bradley-Terry loss; 0.01 adds the mean-zero term
         "disable_dropout": True,
-        "gradient_checkpointing": cuda_available(),
+        "gradient_checkpointing": cuda_available() if on_gpu is None else on_gpu,
         "pad_to_multiple_of": None,
         "eval_strategy": "steps" if evaluating else "no",
         "eval_steps": 25,

@@ -30,7 +30,7 @@ class SFTSection(TrainingSection):
     config: ClassVar[str] = "SFTConfig"
 
 
-def stage_defaults(ctx: StageContext) -> dict[str, Any]:
+def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, Any]:
     return {
         "max_length": ctx.model["max_seq_length"],
         "packing": False,
