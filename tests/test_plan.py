@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import types
 
 import pytest
 from helpers import DATA, run_cli, write_recipe
@@ -66,23 +69,108 @@ def test_estimate_terms_move_the_right_way():
     assert any(c.name == "reference model (full copy)" and c.bytes > 7 * plan.GiB for c in dpo.components)
 
 
-def test_planner_defaults_follow_the_stage_defaults(in_tmp):
+# One stage of every built-in type (and every GRPO variant), as small as the recipe schema allows.
+PROMPTS = {"data": str(DATA / "arithmetic_prompts.jsonl"), "rewards": ["exact_match"]}
+SAMPLE_STAGES = {
+    "sft": [{"data": str(DATA / "arithmetic_sft.jsonl")}],
+    "reward": [{"data": str(DATA / "arithmetic_prefs.jsonl")}],
+    "dpo": [{"data": str(DATA / "arithmetic_prefs.jsonl")}],
+    "grpo": [PROMPTS, *({**PROMPTS, "variant": v} for v in ("grpo", "dr_grpo", "dapo", "bnpo"))],
+    "gspo": [PROMPTS],
+    "ppo": [PROMPTS],
+    "eval": [{"data": str(DATA / "arithmetic_eval.jsonl")}],
+}
+
+
+def fake_gpu_torch(monkeypatch):
+    """A `torch` whose GPU has bfloat16, so kitcli.trl_config.device_defaults(on_gpu=True) runs on this machine."""
+    torch = types.ModuleType("torch")
+    torch.cuda = types.SimpleNamespace(is_available=lambda: True, is_bf16_supported=lambda: True)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+
+
+def test_planner_gpu_device_defaults_are_the_kits(monkeypatch):
+    from kitcli.plan.settings import GPU_DEVICE_DEFAULTS
+    from kitcli.trl_config import device_defaults
+
+    fake_gpu_torch(monkeypatch)
+    assert GPU_DEVICE_DEFAULTS == device_defaults(on_gpu=True)
+
+
+def test_every_builtin_stage_type_has_a_sample():
+    from kitcli import registry
+
+    assert set(SAMPLE_STAGES) == set(registry.BUILTIN)
+
+
+@pytest.mark.parametrize("stage_type, body", [(t, b) for t, bodies in SAMPLE_STAGES.items() for b in bodies],
+                         ids=lambda v: v if isinstance(v, str) else v.get("variant", "default"))
+def test_planner_defaults_follow_the_stage_defaults(in_tmp, monkeypatch, stage_type, body):
+    """plan's settings are the stage's own on a GPU: COMMON_DEFAULTS < device defaults < the stage type's defaults."""
     from rich.console import Console
 
-    from kitcli.recipe import load_recipe
+    from kitcli import registry
     from kitcli.context import StageContext
-    from kitcli.stages import grpo
+    from kitcli.recipe import load_recipe
+    from kitcli.trl_config import COMMON_DEFAULTS, device_defaults
 
-    stage = {"name": "grpo", "type": "grpo", "data": str(DATA / "arithmetic_prompts.jsonl"), "rewards": ["exact_match"]}
-    path = write_recipe(in_tmp / "r.yaml", [stage])
+    path = write_recipe(in_tmp / "r.yaml", [{"name": "s", "type": stage_type, **body}])
     recipe = load_recipe(str(path))
-    ctx = StageContext(recipe, recipe.stage("grpo"), in_tmp / "run", Console(quiet=True), {})
-    defaults = {**grpo.base_defaults(ctx), **grpo.VARIANTS["grpo"]}
-    settings = plan.stage_settings(recipe.data, recipe.stage("grpo"), "unsloth")
-    assert settings.num_generations == defaults["num_generations"]
-    assert settings.completion_len == defaults["max_completion_length"]
+    stage = recipe.stage("s")
+    ctx = StageContext(recipe, stage, in_tmp / "run", Console(quiet=True), {})
+    spec = registry.spec(stage_type)
+    fake_gpu_torch(monkeypatch)
+    own = spec.defaults(ctx, on_gpu=True) if spec.defaults else {}
+    defaults = {**COMMON_DEFAULTS, **device_defaults(on_gpu=True), **own}
+    monkeypatch.setitem(sys.modules, "torch", None)  # planning itself must not import torch
+    settings = plan.stage_settings(recipe, stage, "unsloth")
+
+    if spec.evaluates:
+        generation = registry.module(stage_type).generation_settings(ctx)
+        assert settings.completion_len == generation["max_new_tokens"]
+        assert settings.eval_batch_size == generation["batch_size"]
+        assert settings.prompt_len == recipe.data["model"]["max_seq_length"]
+        return
+    assert settings.optim == defaults["optim"]
+    if "gradient_checkpointing" in defaults:
+        assert settings.gradient_checkpointing == defaults["gradient_checkpointing"]
+    if "max_length" in defaults:
+        assert settings.seq_len == defaults["max_length"]
+    if stage_type == "ppo":  # one response per prompt of a rollout of per_device_train_batch_size prompts
+        rollout = defaults["per_device_train_batch_size"]
+        assert settings.critic and settings.num_generations == 1
+        assert settings.generation_batch_size == rollout
+        assert settings.per_device_train_batch_size == rollout // defaults["num_mini_batches"]
+        assert settings.completion_len == defaults["response_length"]
+        assert settings.beta == defaults["kl_coef"]
+        return
+    assert not settings.critic
     assert settings.per_device_train_batch_size == defaults["per_device_train_batch_size"]
-    assert settings.beta == defaults["beta"]
+    assert settings.gradient_accumulation_steps == defaults["gradient_accumulation_steps"]
+    assert settings.beta == defaults.get("beta", 0.0)
+    if stage_type == "grpo":
+        grpo = registry.module("grpo")
+        assert settings.beta == grpo.VARIANTS[body.get("variant", grpo.DEFAULT_VARIANT)]["beta"]
+    if spec.rl:
+        assert settings.num_generations == defaults["num_generations"]
+        assert settings.completion_len == defaults["max_completion_length"]
+        assert settings.steps_per_generation == defaults.get("steps_per_generation",
+                                                             defaults["gradient_accumulation_steps"])
+
+
+def test_plan_imports_no_heavy_module():
+    heavy = ("torch", "transformers", "trl", "unsloth", "peft", "datasets")
+    code = ("import sys, json\n"
+            "from kitcli.cli import main\n"
+            "for recipe in ('tiny-grpo', 'recipes/qwen3-4b-ppo.yaml'):\n"
+            "    try:\n"
+            "        main(['plan', recipe, '--gpu-memory', '24GB', '--json'], prog_name='kit')\n"
+            "    except SystemExit as stop:\n"
+            "        assert not stop.code, stop.code\n"
+            f"print(json.dumps([m for m in {heavy!r} if m in sys.modules]))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            cwd=DATA.parent.parent)
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
 
 
 def qwen_recipe(path):

@@ -1,0 +1,174 @@
+"""What a stage does, in the numbers that decide memory.
+
+`stage_settings` resolves a stage's settings the way the stage resolves them on a GPU (kitcli/trl_config.py's
+`build_config`): its trainer config's own defaults < `COMMON_DEFAULTS` < the GPU's device defaults < the stage type's
+`defaults(ctx, on_gpu=True)` from the registry < the recipe's `train:`. What the stage type is (whether it generates
+completions, has a critic, trains on preference pairs, trains a score head or only evaluates) comes from its
+`StageSpec`; nothing here repeats a stage's default values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2}
+# kitcli.trl_config.device_defaults(on_gpu=True) on a GPU with bfloat16, written out because `kit plan` imports no
+# torch (tests/test_plan.py checks that the two agree)
+GPU_DEVICE_DEFAULTS: dict[str, Any] = {"use_cpu": False, "bf16": True, "fp16": False, "optim": "adamw_8bit"}
+
+
+@dataclass
+class Settings:
+    """One stage's memory-relevant settings. `stage_settings` sets every field from the recipe and the stage type;
+    the defaults here describe one 16-bit-activation sequence at a time, for building an estimate by hand."""
+
+    stage_type: str = "sft"
+    backend: str = "unsloth"  # unsloth | transformers
+    load_in_4bit: bool = True
+    dtype_bytes: int = 2
+    lora_r: int | None = 16
+    lora_targets: list[str] | str = "all-linear"
+    optim: str = "adamw_8bit"
+    per_device_train_batch_size: int = 1
+    gradient_accumulation_steps: int = 1
+    seq_len: int = 1024  # max_length (sft/dpo/reward) or prompt + completion (RL)
+    gradient_checkpointing: bool = True
+    # RL and eval generation
+    prompt_len: int = 0
+    completion_len: int = 0
+    num_generations: int = 0
+    steps_per_generation: int = 1
+    generation_batch_size: int | None = None
+    beta: float = 0.0
+    reward_model: bool = False
+    critic: bool = False
+    use_vllm: bool = False
+    vllm_mode: str = "colocate"
+    vllm_gpu_memory_utilization: float = 0.3
+    eval_batch_size: int = 0
+
+    @property
+    def completions_at_once(self) -> int:
+        """Completions one process generates in one call: TRL's local generation batch."""
+        if self.generation_batch_size:
+            return self.generation_batch_size
+        return self.per_device_train_batch_size * self.steps_per_generation
+
+    @property
+    def checkpointing(self) -> str:
+        if not self.gradient_checkpointing:
+            return "off"
+        return "offloaded" if self.backend == "unsloth" else "on"
+
+    # What the stage type is, from its StageSpec
+
+    @property
+    def spec(self):
+        from kitcli import registry
+
+        return registry.spec(self.stage_type)
+
+    @property
+    def rl(self) -> bool:
+        """It generates completions as it trains."""
+        return self.spec.rl
+
+    @property
+    def evaluates(self) -> bool:
+        """It only generates (no training)."""
+        return self.spec.evaluates
+
+    @property
+    def pairs(self) -> bool:
+        """It trains on preference pairs: chosen and rejected go through the model together."""
+        from kitcli.stages.reward import PreferenceSection
+
+        return issubclass(self.spec.section, PreferenceSection)
+
+    @property
+    def scorer(self) -> bool:
+        """It trains a score head (its output is a scorer), so there are no vocabulary-sized logits."""
+        return self.spec.output == "scorer"
+
+    @property
+    def memory_settings(self) -> tuple[str, ...]:
+        """The `train:` fields that decide its memory."""
+        return self.spec.memory_settings
+
+
+def has_critic(spec) -> bool:
+    """The kit's own RL loop (no TRL trainer): PPO, whose critic is a second adapter and a value head."""
+    return spec.rl and spec.trainer is None
+
+
+def config_defaults(spec) -> dict[str, Any]:
+    """The stage's trainer config's own defaults (read from its source, nothing imported): what a field that neither
+    the kit nor the recipe sets holds."""
+    if spec.section.config is None:
+        return {}
+    from kitcli.config_fields import MISSING, config_fields
+
+    return {name: f.default for name, f in config_fields(spec.section.config).items() if f.default is not MISSING}
+
+
+def stage_values(recipe, stage: dict[str, Any]) -> dict[str, Any]:
+    """The stage's config values as it builds them on a GPU (kitcli.trl_config.build_config's layers)."""
+    from rich.console import Console
+
+    from kitcli import registry
+    from kitcli.context import StageContext
+    from kitcli.trl_config import COMMON_DEFAULTS
+
+    spec = registry.spec(stage["type"])
+    own = {}
+    if spec.defaults is not None:  # they read only ctx.model, ctx.stage and the recipe
+        ctx = StageContext(recipe, stage, Path("kit-plan-run"), Console(quiet=True))
+        own = spec.defaults(ctx, on_gpu=True)
+    return {**config_defaults(spec), **COMMON_DEFAULTS, **GPU_DEVICE_DEFAULTS, **own, **(stage.get("train") or {})}
+
+
+def stage_settings(recipe, stage: dict[str, Any], backend: str) -> Settings:
+    """Settings as the stage will run them on a GPU (the values `kit run --dry-run` prints there)."""
+    from kitcli import registry
+
+    model, lora = recipe.data["model"], recipe.data.get("lora")
+    spec = registry.spec(stage["type"])
+    seq = model["max_seq_length"]
+    values = stage_values(recipe, stage)
+    critic = has_critic(spec)
+    if critic:  # kitcli/stages/ppo.py: one response per prompt of a rollout, trained in mini-batches of it
+        rollout = int(values["per_device_train_batch_size"])
+        values.update(num_generations=1, max_completion_length=values["response_length"], beta=values["kl_coef"],
+                      generation_batch_size=rollout,
+                      per_device_train_batch_size=max(1, rollout // int(values["num_mini_batches"])))
+    if spec.rl and values.get("steps_per_generation") is None:  # TRL's rule, and grpo.stage_defaults'
+        values["steps_per_generation"] = values["gradient_accumulation_steps"]
+    settings = Settings(
+        stage_type=stage["type"], backend=backend, load_in_4bit=bool(model["load_in_4bit"]) and lora is not None,
+        dtype_bytes=DTYPE_BYTES.get(model.get("dtype", "auto"), 2),
+        lora_r=lora["r"] if lora else None, lora_targets=lora["target_modules"] if lora else [],
+        optim=str(values["optim"]), per_device_train_batch_size=int(values["per_device_train_batch_size"]),
+        gradient_accumulation_steps=int(values.get("gradient_accumulation_steps", 1)),
+        seq_len=int(values.get("max_length") or seq), gradient_checkpointing=bool(values.get(
+            "gradient_checkpointing", True)), beta=float(values.get("beta") or 0.0),
+    )
+    if spec.rl:
+        completion = int(values["max_completion_length"])
+        prompt = max(seq - completion, 128)
+        vllm = {key: cast(values[key]) for key, cast in (("use_vllm", bool), ("vllm_mode", str),
+                                                          ("vllm_gpu_memory_utilization", float)) if key in values}
+        settings = replace(settings, prompt_len=prompt, completion_len=completion, seq_len=prompt + completion,
+                           num_generations=int(values["num_generations"]),
+                           steps_per_generation=int(values["steps_per_generation"]),
+                           generation_batch_size=values.get("generation_batch_size"),
+                           reward_model=stage.get("reward_model") is not None, critic=critic, **vllm)
+    if spec.evaluates:
+        from kitcli.schema import GenerationSpec
+
+        generation = {**GenerationSpec().model_dump(), **(stage.get("generation") or {})}
+        settings = replace(settings, prompt_len=seq, completion_len=int(generation["max_new_tokens"]),
+                           eval_batch_size=int(generation["batch_size"]), gradient_checkpointing=False,
+                           load_in_4bit=bool(model["load_in_4bit"]))
+    return settings
