@@ -169,6 +169,17 @@ def recipes_show(name: str) -> None:
     click.echo(shipped_recipes()[name].read_text(), nl=False)
 
 
+@recipes.command("schema")
+def recipes_schema() -> None:
+    """Print the JSON Schema of a recipe (every stage type's keys and train: fields), for an editor."""
+    import json
+
+    from kitcli import registry
+    from kitcli.schema import json_schema
+
+    click.echo(json.dumps(json_schema(registry.specs()), indent=2))
+
+
 main.add_command(rewards)
 main.add_command(eval_command)
 main.add_command(report_command)

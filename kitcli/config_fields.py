@@ -296,6 +296,7 @@ RANGES: dict[Any, Range] = {
     "num_mini_batches": AT_LEAST_ONE, "num_ppo_epochs": AT_LEAST_ONE, "response_length": AT_LEAST_ONE,
     "kl_coef": NOT_NEGATIVE, "kl_target": POSITIVE, "kl_horizon": AT_LEAST_ONE, "cliprange": Range(0, True, 1, True),
     "cliprange_value": POSITIVE, "vf_coef": NOT_NEGATIVE, "gamma": FRACTION, "lam": FRACTION,
+    "missing_eos_penalty": NOT_NEGATIVE,
 }
 # String fields whose annotation says only `str` but which take a fixed set of values (read from TRL's help
 # texts and __post_init__; a value outside them fails deep inside the trainer).

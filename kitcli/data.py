@@ -123,3 +123,47 @@ def to_dataset(rows: list[dict[str, Any]]):
     import datasets
 
     return datasets.Dataset.from_list(rows)
+
+
+# --- prompts ----------------------------------------------------------------------------------------------------
+
+def with_system_prompt(prompt: Any, system: str | None) -> Any:
+    """A prompt as a conversation that opens with `system` (string prompts become a user turn)."""
+    if system is None:
+        return prompt
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
+    if messages and messages[0].get("role") == "system":
+        return messages
+    return [{"role": "system", "content": system}, *messages]
+
+
+def as_reply(completion: Any) -> list[dict[str, Any]]:
+    return completion if isinstance(completion, list) else [{"role": "assistant", "content": str(completion)}]
+
+
+def apply_system_prompt(rows: list[dict[str, Any]], system: str | None, where: str, path: str) -> list[dict[str, Any]]:
+    """Every row with `system` as its conversation's first message, the same way in every stage: a `prompt` becomes
+    [system, user] (and, for SFT and preference rows, the completion or chosen / rejected an assistant turn, since
+    TRL needs both sides in one format); `messages` (and implicit-prompt chosen / rejected conversations) get the
+    system message first. Plain `text` rows have no turns to put it before."""
+    if system is None:
+        return rows
+    out = []
+    for number, row in enumerate(rows, start=1):
+        row = dict(row)
+        if "prompt" in row:
+            row["prompt"] = with_system_prompt(row["prompt"], system)
+            for key in ("completion", "chosen", "rejected"):
+                if key in row:
+                    row[key] = as_reply(row[key])
+        elif "messages" in row:
+            row["messages"] = with_system_prompt(row["messages"], system)
+        elif "chosen" in row and isinstance(row["chosen"], list):
+            row["chosen"] = with_system_prompt(row["chosen"], system)
+            row["rejected"] = with_system_prompt(row["rejected"], system)
+        else:
+            raise KitError(f"{where}: row {number} of '{path}' is plain text (no prompt or messages), so "
+                           f"system_prompt has no conversation to open; use prompt/completion or messages data, or "
+                           f"remove system_prompt")
+        out.append(row)
+    return out

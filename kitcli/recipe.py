@@ -171,6 +171,8 @@ def apply_overrides(raw: dict, overrides: list[str], source: str) -> dict:
                 raise KitError(f"--set '{item}': '{'.'.join(parts[:i])}' is not a mapping in {source}")
             if part == "model" and i == 0 and isinstance(node.get(part), str):
                 node[part] = {"name": node[part]}  # `model: tiny` shorthand
+            if part in ("data", "eval_data") and isinstance(node.get(part), str):
+                node[part] = {"path": node[part]}  # `data: file.jsonl` shorthand
             if node.get(part) is None:
                 node[part] = {}
             node = node[part]
@@ -290,10 +292,48 @@ def section_at(root, loc: tuple, specs: dict):
     return current
 
 
+def without_branches(loc: tuple, root, specs: dict) -> tuple:
+    """A location without the tags pydantic adds for the alternatives of a union (`list[str]`, `str`, ...)."""
+    kept: list = []
+    for part in loc:
+        if isinstance(part, str) and part not in specs and root is not None:
+            parent = section_at(root, tuple(kept), specs)
+            if parent is not None and part not in parent.model_fields:
+                continue
+            if parent is None and kept and not isinstance(kept[-1], int) and ("[" in part or part in TYPE_NAMES):
+                continue
+        kept.append(part)
+    return tuple(kept)
+
+
+TYPE_NAMES = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
+def field_is_integer(root, loc: tuple, specs: dict) -> bool | None:
+    """Whether the field at `loc` is declared an int (True), a float (False), or unknown (None)."""
+    parent = section_at(root, loc[:-1], specs) if root is not None else None
+    if parent is None or loc[-1] not in parent.model_fields:
+        return None
+    text = str(parent.model_fields[loc[-1]].annotation)
+    return "int" in text and "float" not in text
+
+
 def describe_error(error, raw: dict, source: str, model, specs: dict, prefix: tuple = ()) -> str:
     """The first fault of a pydantic ValidationError, in the kit's words."""
-    first = error.errors(include_url=False)[0]
-    loc = (*prefix, *first["loc"])
+    errors = error.errors(include_url=False)
+    first = errors[0]
+
+    def place(e) -> tuple:
+        full = (*prefix, *e["loc"])
+        if e["type"] in ("extra_forbidden", "missing"):  # the last part is the key in question, not a branch
+            return (*without_branches(full[:-1], model, specs), full[-1])
+        return without_branches(full, model, specs)
+
+    loc = place(first)
+    same_place = [e for e in errors if place(e) == loc]
+    if len(same_place) > 1 and all(e["type"] in TYPE_WORDS for e in same_place):  # every alternative of a union
+        first = {**first, "type": "union", "ctx": {"expected": " or ".join(
+            dict.fromkeys(TYPE_WORDS[e["type"]] for e in same_place))}}
     kind, context, given = first["type"], first.get("ctx") or {}, first.get("input")
     where: list[str] = []
     path = list(loc)
@@ -332,7 +372,7 @@ def describe_error(error, raw: dict, source: str, model, specs: dict, prefix: tu
         message = f"'{key}' is missing{hint}"
         return f"{source}: {place}: {message}" if place else f"{source}: {message}"
     subject = f"'{dotted}'" if len(path) == 1 and not where else dotted
-    expected = expectation(kind, context, given)
+    expected = expectation(kind, context, given, field_is_integer(model, loc, specs))
     message = f"{subject} must be {expected}, got {given!r}"
     return f"{source}: {': '.join(where)}: {message}" if where else f"{source}: {message}"
 
@@ -343,7 +383,9 @@ def stage_label(stage: Any, index: int) -> str:
     return f"stages[{index}]"
 
 
-def expectation(kind: str, context: dict, given: Any) -> str:
+def expectation(kind: str, context: dict, given: Any, integer: bool | None = None) -> str:
+    if kind == "union":
+        return context["expected"]
     if kind in TYPE_WORDS:
         return TYPE_WORDS[kind]
     if kind == "literal_error":
@@ -351,11 +393,12 @@ def expectation(kind: str, context: dict, given: Any) -> str:
         return "one of " + expected.replace("' or '", ", ").replace("', '", ", ").replace("'", "")
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         bound = next(iter(v for k, v in context.items() if k in ("gt", "ge", "lt", "le")))
-        integer = isinstance(given, int) and not isinstance(given, bool)
+        if integer is None:
+            integer = isinstance(given, int) and not isinstance(given, bool)
         if integer and ((kind == "greater_than" and bound == 0) or (kind == "greater_than_equal" and bound == 1)):
             return "a positive integer"
         symbol = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
-        return f"{'an integer' if integer else 'a number'} {symbol} {bound}"
+        return f"{'an integer' if integer else 'a number'} {symbol} {bound:g}"
     if kind == "too_short":
         return "non-empty"
     return kind.replace("_", " ")

@@ -297,6 +297,11 @@ def run_stage(ctx: StageContext) -> dict[str, Any]:
         saved = f"checkpoint saved at {checkpoint}; " if checkpoint else ""
         raise interrupt.StageInterrupted(f"stage '{ctx.name}' stopped by {interrupt.requested()}; {saved}run the same "
                                          f"command again to resume")
+    if summary.get("steps") == 0:  # a training stage that trained nothing must not be marked done
+        train = ctx.stage.get("train") or {}
+        raise KitError(f"{ctx.where}: the stage ran zero optimizer steps (num_train_epochs "
+                       f"{train.get('num_train_epochs', 'default')}, max_steps {train.get('max_steps', 'default')}, "
+                       f"on the rows of {ctx.stage['data']['path']}); give it more data, or set train.max_steps")
     return summary
 
 

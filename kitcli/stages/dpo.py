@@ -31,7 +31,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from kitcli.backend import cuda_available, is_peft_model, load_stage_policy, save_model
-from kitcli.data import to_dataset
+from kitcli.data import apply_system_prompt, to_dataset
 from kitcli.errors import KitError
 from kitcli.progress import attach_progress, read_metrics
 from kitcli import trainers
@@ -108,7 +108,8 @@ def describe(ctx: StageContext) -> dict[str, Any]:
 
 def build_trainer(ctx: StageContext, config=None):
     """The DPOTrainer this stage trains with, its loaded policy, and how the reference was made."""
-    train_rows, eval_rows = train_eval_rows(ctx)
+    system, path = ctx.stage.get("system_prompt"), ctx.stage["data"]["path"]
+    train_rows, eval_rows = (apply_system_prompt(rows, system, ctx.where, path) for rows in train_eval_rows(ctx))
     config = config or make_config(ctx)
     loaded = load_stage_policy(ctx.model, lora=ctx.recipe.data["lora"], seed=ctx.seed, init_from=ctx.init_dir,
                                log=ctx.log)

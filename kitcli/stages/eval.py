@@ -30,7 +30,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from kitcli.backend import load_stage_policy
-from kitcli.data import read_rows, require_columns
+from kitcli.data import apply_system_prompt, read_rows, require_columns
 from kitcli.errors import KitError, did_you_mean
 from kitcli.evaluate import exact_match, generate
 from kitcli.context import StageContext
@@ -104,7 +104,7 @@ def load_rows(ctx: StageContext, rewards) -> list[dict[str, Any]]:
     spec = ctx.stage["data"]
     rows = read_rows(spec, ctx.where)
     check_eval_rows(rows, rewards, ctx.where, spec["path"])
-    return rows
+    return apply_system_prompt(rows, ctx.stage.get("system_prompt"), ctx.where, spec["path"])
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -31,7 +31,7 @@ from pydantic import Field
 
 from kitcli import dist
 from kitcli.backend import cuda_available, load_stage_policy, save_model
-from kitcli.data import read_rows, to_dataset
+from kitcli.data import read_rows, to_dataset, with_system_prompt
 from kitcli.errors import KitError, did_you_mean
 from kitcli.progress import attach_progress, read_metrics
 from kitcli.checkpoints import resume_checkpoint, train
@@ -196,16 +196,6 @@ def is_local(spec: dict[str, Any]) -> bool:
     return Path(spec["path"]).is_file()
 
 
-def with_system_prompt(prompt: Any, system: str | None) -> Any:
-    """A prompt as a conversation that opens with `system` (string prompts become a user turn)."""
-    if system is None:
-        return prompt
-    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
-    if messages and messages[0].get("role") == "system":
-        return messages
-    return [{"role": "system", "content": system}, *messages]
-
-
 def load_rows(ctx: StageContext) -> list[dict[str, Any]]:
     spec = ctx.stage["data"]
     rows = read_rows(spec, ctx.where)
@@ -254,6 +244,16 @@ def make_config(ctx: StageContext, defaults: dict[str, Any]):
                         output_dir=ctx.dir.checkpoints, seed=ctx.seed, on_gpu=cuda_available())
 
 
+def check_enough_prompts(ctx: StageContext, rows: int, config) -> None:
+    """TRL draws whole generation batches of prompts: with fewer prompts than one batch needs it trains nothing."""
+    per_batch = config.generation_batch_size // config.num_generations
+    if rows < per_batch:
+        raise KitError(f"{ctx.where}: the stage would run zero optimizer steps: '{ctx.stage['data']['path']}' has "
+                       f"{rows} prompts, fewer than the {per_batch} one generation batch draws "
+                       f"(generation batch {config.generation_batch_size} / num_generations {config.num_generations}); "
+                       f"give more prompts, or lower per_device_train_batch_size")
+
+
 def describe_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     """Validate data, references and rewards and build the GRPOConfig, without loading a model."""
     from kitcli.backend import choose_backend, prepare_backend
@@ -264,6 +264,8 @@ def describe_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, A
     rewards = load_reward_functions(ctx)
     defaults = resolved_defaults(ctx, preset, rewards)
     config = make_config(ctx, defaults)
+    if isinstance(rows, int):
+        check_enough_prompts(ctx, rows, config)
     listed = [f"{r.name} (weight {r.weight:g}, {r.source})" for r in rewards]
     if ctx.stage.get("reward_model") is not None:
         source = f"of stage '{reward_model_stage(ctx)}'" if reward_model_stage(ctx) else ctx.stage["reward_model"]["path"]
@@ -314,6 +316,7 @@ def build_trainer(ctx: StageContext, preset: dict[str, Any], config=None):
     rows = load_rows(ctx)
     rewards = load_reward_functions(ctx)
     config = config or make_config(ctx, resolved_defaults(ctx, preset, rewards))
+    check_enough_prompts(ctx, len(rows), config)
     loaded = load_stage_policy(ctx.model, lora=ctx.recipe.data["lora"], seed=ctx.seed, init_from=ctx.init_dir,
                                log=ctx.log)
     stats = RewardStats()

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from kitcli.backend import cuda_available, load_stage_policy, save_model
-from kitcli.data import read_rows, require_columns, to_dataset
+from kitcli.data import apply_system_prompt, read_rows, require_columns, to_dataset
 from kitcli.progress import attach_progress, read_metrics
 from kitcli.checkpoints import resume_checkpoint, train
 from kitcli.context import StageContext
@@ -53,7 +53,8 @@ def load_rows(ctx: StageContext) -> list[dict[str, Any]]:
     spec = ctx.stage["data"]
     rows = read_rows(spec, ctx.where)
     columns = require_columns(rows, COLUMN_OPTIONS, ctx.where, spec["path"])
-    return [{c: row[c] for c in columns} for row in rows]
+    return apply_system_prompt([{c: row[c] for c in columns} for row in rows], ctx.stage.get("system_prompt"),
+                               ctx.where, spec["path"])
 
 
 def describe(ctx: StageContext) -> dict[str, Any]:
