@@ -36,7 +36,7 @@ from kitcli.evaluate import exact_match, generate
 from kitcli.context import StageContext
 from kitcli.schema import DataSpec, GenerationSpec, RewardSpec, StageSection, StageSpec, fail
 
-GENERATION_DEFAULTS = {"max_new_tokens": 32, "batch_size": 32, "temperature": 0.0, "n": 1, "show": 3}
+GENERATION_DEFAULTS = {name: field.default for name, field in GenerationSpec.model_fields.items()}
 
 
 class EvalSection(StageSection):

@@ -101,11 +101,11 @@ def variant_name(ctx: StageContext) -> str:
     return ctx.stage.get("variant") or DEFAULT_VARIANT
 
 
-def stage_defaults(ctx: StageContext, preset: dict[str, Any]) -> dict[str, Any]:
+def stage_defaults(ctx: StageContext, preset: dict[str, Any], on_gpu: bool | None = None) -> dict[str, Any]:
     """base < preset, then the generation batch: `steps_per_generation` unless `train:` sizes it by
     `generation_batch_size` (TRL takes one or the other)."""
     train = ctx.stage.get("train", {})
-    defaults = {**base_defaults(ctx), **preset}
+    defaults = {**base_defaults(ctx, on_gpu), **preset}
     if "generation_batch_size" in train:
         defaults.pop("steps_per_generation", None)
     elif "steps_per_generation" not in defaults:
@@ -397,4 +397,4 @@ SPEC = StageSpec(
     summary="TRL GRPOTrainer with a variant preset: grpo, dr_grpo, dapo, bnpo",
     output="policy", init_from=("policy",), trainer="grpo", metrics=RL_METRICS, panels=RL_PANELS, rl=True,
     launcher="data parallel (TRL GRPOTrainer): each process generates its share of the completions",
-    memory_settings=RL_MEMORY, defaults=lambda ctx, on_gpu=None: {**base_defaults(ctx, on_gpu), **VARIANTS[variant_name(ctx)]}, rows=load_rows)
+    memory_settings=RL_MEMORY, defaults=lambda ctx, on_gpu=None: stage_defaults(ctx, VARIANTS[variant_name(ctx)], on_gpu), rows=load_rows)

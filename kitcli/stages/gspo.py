@@ -87,4 +87,4 @@ SPEC = StageSpec(
     summary="GRPO with importance_sampling_level sequence and the paper's configuration",
     output="policy", init_from=("policy",), trainer="grpo", metrics=grpo.RL_METRICS, panels=grpo.RL_PANELS, rl=True,
     launcher="data parallel (TRL GRPOTrainer)", memory_settings=grpo.RL_MEMORY,
-    defaults=lambda ctx, on_gpu=None: {**grpo.base_defaults(ctx, on_gpu), **GSPO_PRESET}, rows=grpo.load_rows)
+    defaults=lambda ctx, on_gpu=None: grpo.stage_defaults(ctx, GSPO_PRESET, on_gpu), rows=grpo.load_rows)
