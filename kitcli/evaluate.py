@@ -1,25 +1,17 @@
-"""Generation and exact-match scoring shared by eval stages (and, later, reward previews)."""
+"""Generation and exact-match scoring shared by eval stages, PPO's held-out figures and reward previews."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-
-
-def extract_answer(text: str) -> str:
-    """The content of the last <answer>...</answer> tag if there is one, else the whole text, stripped."""
-    tagged = ANSWER_TAG.findall(text)
-    return (tagged[-1] if tagged else text).strip()
-
-
-def normalize(text: str) -> str:
-    return " ".join(str(text).split()).rstrip(".").lower()
-
-
 def exact_match(completion: str, answer: Any) -> bool:
-    return normalize(extract_answer(completion)) == normalize(answer)
+    """The `exact_match` reward's verdict (rewards/builtin.py): the last <answer> tag's content (else the last
+    \\boxed{}, else the whole text) equals the answer, or one of a list of accepted answers, up to case, spacing, a
+    final period and Unicode compatibility forms. One definition for eval stages, PPO's held-out figures and the
+    reward an RL stage trains on."""
+    from rewards.builtin import exact_match as exact_match_reward
+
+    return exact_match_reward([None], [completion], answer=[answer])[0] == 1.0
 
 
 def prompt_text(tokenizer, prompt: Any) -> str:
