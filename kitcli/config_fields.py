@@ -114,7 +114,7 @@ def config_fields(config: str) -> dict[str, ConfigField]:
 def ppo_fields() -> dict[str, ConfigField]:
     import dataclasses
 
-    from kitcli.stages.ppo import PPOConfig
+    from kitcli.ppo.config import PPOConfig
 
     return {f.name: ConfigField(f.name, str(f.type), f.default, f.metadata.get("help", ""))
             for f in dataclasses.fields(PPOConfig) if f.init}

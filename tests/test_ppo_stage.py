@@ -116,12 +116,13 @@ def stage_context(root: Path, recipe_path: Path, run_dir: Path):
 
 def fixed_inputs(models, ctx):
     """Prompts with fixed response tokens (the same every call)."""
+    from kitcli.ppo.rollout import prompt_texts
     from kitcli.stages import ppo
 
     tokenizer = models.tokenizer
     tokenizer.padding_side = "left"
     rows = ppo.load_rows(ctx)[:4]
-    batch = tokenizer(ppo.prompt_texts(tokenizer, [r["prompt"] for r in rows]), return_tensors="pt", padding=True,
+    batch = tokenizer(prompt_texts(tokenizer, [r["prompt"] for r in rows]), return_tensors="pt", padding=True,
                       add_special_tokens=False)
     response = torch.tensor([tokenizer.encode("12", add_special_tokens=False) + [tokenizer.eos_token_id]] * 4)
     ids = torch.cat([batch["input_ids"], response], 1)
@@ -133,6 +134,7 @@ def fixed_inputs(models, ctx):
 def test_reference_stays_frozen_while_the_policy_moves(ppo_run, tmp_path, init):
     """With init: the reference is a frozen copy of the SFT adapter (4-bit base, merged reward model beside it);
     without: the base with adapters disabled (reward functions only)."""
+    from kitcli.ppo.models import policy_logprobs, reference_logprobs
     from kitcli.stages import ppo
     from rewards.guard import RewardStats, guard_rewards
 
@@ -143,20 +145,20 @@ def test_reference_stays_frozen_while_the_policy_moves(ppo_run, tmp_path, init):
                           model={**FP32_TINY, "load_in_4bit": True})
     ctx = stage_context(root, recipe, tmp_path / "run")
     config = ppo.make_config(ctx)
-    models = ppo.setup_models(ctx, config)
+    models = ppo.load_models(ctx)
     assert models.base_copies == (2 if init else 1)  # on CPU the reward model trained on an fp32 base
     ids, mask, prompt_length = fixed_inputs(models, ctx)
     with torch.no_grad():
-        reference_before = ppo.reference_logprobs(models, ids, mask, prompt_length, 1.0)
-        policy_before = ppo.policy_logprobs(models, ids, mask, prompt_length, 1.0)
+        reference_before = reference_logprobs(models, ids, mask, prompt_length, 1.0)
+        policy_before = policy_logprobs(models, ids, mask, prompt_length, 1.0)
     assert torch.allclose(reference_before, policy_before, atol=1e-6)  # the reference is the starting policy
 
     config.max_steps = 1
     rewards = ppo.load_reward_functions(ctx)
     ppo.train(ctx, config, models, ppo.load_rows(ctx), guard_rewards(rewards, RewardStats()), rewards)
     with torch.no_grad():
-        reference_after = ppo.reference_logprobs(models, ids, mask, prompt_length, 1.0)
-        policy_after = ppo.policy_logprobs(models, ids, mask, prompt_length, 1.0)
+        reference_after = reference_logprobs(models, ids, mask, prompt_length, 1.0)
+        policy_after = policy_logprobs(models, ids, mask, prompt_length, 1.0)
     assert torch.equal(reference_before, reference_after)
     assert not torch.allclose(policy_before, policy_after, atol=1e-5)
 
@@ -225,8 +227,11 @@ def test_rollout_and_update_share_the_autocast(ppo_run, tmp_path):
     """Under bf16 autocast (what a GPU uses; CPU autocast here) the rollout's log-probs and values come from the
     same precision as the update's, so before any weight moves the first mini-batch's ratio is exactly 1 and the
     value clip is centred on the values it recomputes."""
+    from kitcli.ppo import trainer
+    from kitcli.ppo.losses import KLController
+    from kitcli.ppo.models import policy_logprobs
+    from kitcli.ppo.rollout import make_rollout
     from kitcli.stages import ppo
-    from kitcli.ppo_math import KLController
     from rewards.guard import RewardStats, guard_rewards
 
     root, _, _ = ppo_run
@@ -235,18 +240,19 @@ def test_rollout_and_update_share_the_autocast(ppo_run, tmp_path):
     ctx = stage_context(root, recipe, tmp_path / "run")
     config = ppo.make_config(ctx)
     config.bf16, config.num_ppo_epochs, config.num_mini_batches, config.learning_rate = True, 1, 1, 1e-30
-    models = ppo.setup_models(ctx, config)
+    models = ppo.load_models(ctx)
     rewards = ppo.load_reward_functions(ctx)
     rows = ppo.load_rows(ctx)[: config.per_device_train_batch_size]
-    torch.manual_seed(0)
-    rollout, _ = ppo.make_rollout(models, rows, config, guard_rewards(rewards, RewardStats()), rewards)
-    with torch.no_grad():  # the same forward in float32 differs: bf16 autocast really is in effect
-        fp32 = ppo.policy_logprobs(models, rollout.input_ids, rollout.attention_mask, rollout.prompt_length,
+    with trainer.accelerated(config) as accelerator:
+        torch.manual_seed(0)
+        rollout, _ = make_rollout(models, rows, config, guard_rewards(rewards, RewardStats()), rewards, accelerator)
+        with torch.no_grad():  # the same forward in float32 differs: bf16 autocast really is in effect
+            fp32 = policy_logprobs(models, rollout.input_ids, rollout.attention_mask, rollout.prompt_length,
                                    config.temperature)
-    assert not torch.allclose(fp32 * rollout.mask, rollout.logprobs * rollout.mask, atol=1e-4)
+        assert not torch.allclose(fp32 * rollout.mask, rollout.logprobs * rollout.mask, atol=1e-4)
 
-    optimizer, scheduler, scaler = ppo.make_optimizer(models, config, 1)
-    kl_ctl = KLController(config.kl_coef, config.adaptive_kl_ctrl, config.kl_target, config.kl_horizon)
-    figures = ppo.ppo_step(models, rollout, config, kl_ctl, optimizer, scheduler, scaler, step=0)
+        optimizer, scheduler = trainer.make_optimizer(models, config, 1, accelerator)
+        kl_ctl = KLController(config.kl_coef, config.adaptive_kl_ctrl, config.kl_target, config.kl_horizon)
+        figures = trainer.ppo_step(models, rollout, config, kl_ctl, optimizer, scheduler, accelerator, step=0)
     assert figures["policy/ratio"] == 1.0 and figures["policy/approxkl"] == 0.0
     assert figures["policy/clipfrac"] == 0.0 and figures["val/clipfrac"] == 0.0

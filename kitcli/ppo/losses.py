@@ -134,6 +134,13 @@ class KLController:
         self.target = target
         self.horizon = horizon
 
+    def state_dict(self) -> dict[str, float]:
+        """What a checkpoint keeps (accelerate's register_for_checkpointing): beta, which adapts during a run."""
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = state["value"]
+
     def update(self, current_kl: float, n_responses: int) -> None:
         if not self.adaptive:
             return
