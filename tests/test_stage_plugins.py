@@ -1,0 +1,91 @@
+"""A stage type is declared in one place. A throwaway package registers one through the `kit.stages` entry-point
+group (as a third-party package would, with no change to the kit) and a recipe runs it: validated by its own
+section model, shown by `kit recipes schema`, run by the runner, its DONE written, its metrics in the report."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import pytest
+from helpers import DATA, metrics, run_cli, write_recipe
+
+PLUGIN = '''
+"""A stage type from outside the kit: counts the rows of its data, in `steps` logged steps."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from kitcli.data import read_rows
+from kitcli.progress import StageDashboard
+from kitcli.schema import DataSpec, StageSection, StageSpec
+
+
+class CountSection(StageSection):
+    """Count the rows of a dataset."""
+
+    type: Literal["count"]
+    data: DataSpec = Field(description="The rows to count.")
+    steps: int = Field(3, gt=0, description="Logged steps.")
+
+
+def describe(ctx):
+    return {"data": ctx.stage["data"]["path"], "rows": len(read_rows(ctx.stage["data"], ctx.where))}
+
+
+def run(ctx):
+    rows = read_rows(ctx.stage["data"], ctx.where)
+    board = StageDashboard(ctx.name, ctx.dir.metrics, ctx.console, stage_type="count")
+    board.begin(ctx.stage.get("steps", 3))
+    for step in range(1, ctx.stage.get("steps", 3) + 1):
+        board.log(step, {"counted": len(rows) * step / ctx.stage.get("steps", 3)})
+    board.end()
+    return {"rows": len(rows), "headline": f"{len(rows)} rows"}
+
+
+SPEC = StageSpec(type="count", module=__name__, section=CountSection, summary="count the rows of a dataset",
+                 output="none", metrics=(("counted", "counted"),), panels=(("rows counted", "rows", ("counted",)),))
+'''
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    """A package `kit_count` with its dist-info (entry point kit.stages: count) on sys.path."""
+    site = tmp_path / "site"
+    (site / "kit_count").mkdir(parents=True)
+    (site / "kit_count" / "__init__.py").write_text(textwrap.dedent(PLUGIN))
+    info = site / "kit_count-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kit-count\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[kit.stages]\ncount = kit_count:SPEC\n")
+    monkeypatch.syspath_prepend(str(site))
+    from kitcli import registry
+
+    registry.specs.cache_clear()
+    yield
+    registry.specs.cache_clear()
+    sys.modules.pop("kit_count", None)
+
+
+def test_a_stage_type_from_an_installed_package_runs(plugin, tmp_path):
+    stages = [{"name": "count", "type": "count", "data": str(DATA / "arithmetic_eval.jsonl"), "steps": 2}]
+    recipe = write_recipe(tmp_path / "r.yaml", stages)
+    run_dir = tmp_path / "run"
+    run_cli("run", recipe, "--output", run_dir)
+    assert json.loads((run_dir / "count" / "DONE").read_text())["rows"] == 100
+    assert [row["counted"] for row in metrics(run_dir / "count")] == [50.0, 100.0]
+    assert "![count training curves](plots/count.png)" in (run_dir / "report.md").read_text()
+    assert (run_dir / "plots" / "count.png").stat().st_size > 0
+    schema = json.loads(run_cli("recipes", "schema").output)
+    assert "CountSection" in schema["$defs"]
+
+
+def test_its_own_keys_and_values_are_checked(plugin, tmp_path):
+    stage = {"name": "count", "type": "count", "data": str(DATA / "arithmetic_eval.jsonl"), "steps": 0}
+    result = run_cli("run", write_recipe(tmp_path / "r.yaml", [stage]), expect=2)
+    assert "stage 'count': steps must be a positive integer, got 0" in result.output
+    stage = {**stage, "steps": 2, "stpes": 2}
+    result = run_cli("run", write_recipe(tmp_path / "r.yaml", [stage]), expect=2)
+    assert "unknown key 'stpes'; did you mean 'steps'?" in result.output
