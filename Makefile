@@ -1,11 +1,12 @@
 # make demo: set up .venv if missing and run the embedded SFT -> GRPO pipeline on CPU.
 # make test: set up .venv if missing and run the test suite.
+# make test-fast: the tests that train nothing (under a minute); make lint: ruff.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kit-installed
 
-.PHONY: demo test bench install clean
+.PHONY: demo test test-fast lint bench install clean
 
 install: $(STAMP)
 
@@ -20,6 +21,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
 
 # Benchmarks (not part of `make test`): start-up, kit vs raw TRL overhead, the demo pipeline, fast defaults,
 # GPU figures (reduced on a CPU), seeds.

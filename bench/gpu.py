@@ -22,7 +22,6 @@ import tempfile
 from pathlib import Path
 
 import yaml
-
 from common import KIT, RESULTS, ROOT, save, timed
 
 QWEN3_1_7B = {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28, "num_attention_heads": 16,
@@ -63,7 +62,8 @@ def recipe(model_dir: Path, reduced: bool) -> dict:
             {"name": "sft", "type": "sft", "data": str(ROOT / "examples/data/arithmetic_sft.jsonl"),
              "train": {"max_steps": steps, "per_device_train_batch_size": 4 if reduced else 16,
                        "logging_steps": 1, "save_steps": 10_000}},
-            {"name": "grpo", "type": "grpo", "init": "sft", "data": str(ROOT / "examples/data/arithmetic_prompts.jsonl"),
+            {"name": "grpo", "type": "grpo", "init": "sft",
+             "data": str(ROOT / "examples/data/arithmetic_prompts.jsonl"),
              "rewards": ["exact_match"],
              "train": {"max_steps": max(2, steps // 2), "per_device_train_batch_size": 4 if reduced else 16,
                        "num_generations": 4, "max_completion_length": 8 if reduced else 128,
@@ -124,7 +124,8 @@ def run(args: argparse.Namespace, work: Path) -> None:
                      "tokens_per_s_ratio": ratio(u["tokens_per_s"], t["tokens_per_s"]),
                      "peak_vram_ratio": ratio(u["peak_vram_gib"], t["peak_vram_gib"])})
     print(f"shape: {'reduced (tiny)' if args.reduced else 'Qwen3-1.7B'}; ratios are Unsloth / plain transformers+PEFT")
-    print(f"{'stage':6} {'step s U':>9} {'step s T':>9} {'ratio':>6} {'tok/s ratio':>12} {'VRAM U':>7} {'VRAM T':>7} {'ratio':>6}")
+    print(f"{'stage':6} {'step s U':>9} {'step s T':>9} {'ratio':>6} {'tok/s ratio':>12} {'VRAM U':>7} "
+          f"{'VRAM T':>7} {'ratio':>6}")
     for r in rows:
         print(f"{r['stage']:6} {cell(r['unsloth']['step_s'], 9, 3)} {cell(r['transformers']['step_s'], 9, 3)} "
               f"{cell(r['step_time_ratio'], 6, 3)} {cell(r['tokens_per_s_ratio'], 12, 3)} "

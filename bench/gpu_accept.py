@@ -36,7 +36,6 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import yaml
-
 from common import KIT, RESULTS, ROOT, machine, save
 
 DATA = ROOT / "examples" / "data"
@@ -145,15 +144,18 @@ def kill_and_resume(work: Path, recipe_path: Path, whole: Path, stage: dict, dea
     shutil.copytree(whole, run_dir, ignore=shutil.ignore_patterns(stage["name"], "report.md", "plots"))
     log = work / "resumed.log"
     checkpoint = run_dir / stage["name"] / "checkpoints" / f"checkpoint-{stage['train']['save_steps']}"
-    process = subprocess.Popen(KIT + ["run", str(recipe_path), "--output", str(run_dir)], stdout=open(log, "a"),
+    out = open(log, "a")  # noqa: SIM115  (the killed process writes to it; closed below)
+    process = subprocess.Popen(KIT + ["run", str(recipe_path), "--output", str(run_dir)], stdout=out,
                                stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     while not (checkpoint / "trainer_state.json").exists():
         if process.poll() is not None or time.time() > deadline:
             process.kill()
+            out.close()
             return {"ok": False, "error": "no checkpoint before the stage ended", "log": log.read_text()[-2000:]}
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
+    out.close()
     killed_done = (run_dir / stage["name"] / "DONE").exists()
     result = kit_run(recipe_path, run_dir, log, timeout=max(60.0, deadline - time.time()))
     if result.returncode != 0:

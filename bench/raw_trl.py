@@ -12,8 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-import unsloth  # noqa: F401  (before trl / transformers, as in kit)
 import torch
+import unsloth  # noqa: F401  (before trl / transformers, as in kit)
 from unsloth import FastLanguageModel
 
 ROOT = Path(__file__).resolve().parent.parent

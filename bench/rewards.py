@@ -70,8 +70,17 @@ def main() -> None:
     parser.add_argument("--code", type=int, default=200, help="completions to run through code_exec")
     options = parser.parse_args()
 
-    from rewards.builtin import (code_exec, exact_match, format, length_penalty, math_equal, overlong_penalty,
-                                 repetition_penalty, reward_model, tag_credit)
+    from rewards.builtin import (
+        code_exec,
+        exact_match,
+        format,
+        length_penalty,
+        math_equal,
+        overlong_penalty,
+        repetition_penalty,
+        reward_model,
+        tag_credit,
+    )
 
     prompts, texts, answers = completions(1000)
     ids = [[1] * len(t) for t in texts]

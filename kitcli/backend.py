@@ -376,7 +376,7 @@ def load_reward_model(
     if chosen == "unsloth-gpu":
         try:
             loaded = _load_unsloth_seq_cls(path, max_seq_length, load_in_4bit, lora, dtype, seed, trust_remote_code)
-        except Exception as error:  # an optional fast path: say why, then fall back to transformers + PEFT
+        except Exception as error:  # noqa: BLE001  (an optional fast path: say why, then fall back to transformers + PEFT)
             log(f"{label}: Unsloth could not load a sequence-classification model ({type(error).__name__}: "
                 f"{str(error).splitlines()[0][:160] if str(error) else ''}); using transformers + PEFT")
             chosen = "transformers"

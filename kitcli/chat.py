@@ -19,10 +19,9 @@ from typing import Any
 
 import click
 
-from kitcli.registry import is_policy, spec_output
 from kitcli.errors import KitError, did_you_mean
+from kitcli.registry import is_policy, spec_output
 from kitcli.rundir import LOCK_NAME, RunDir, StageDir, find_run
-
 
 
 @dataclass

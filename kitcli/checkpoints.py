@@ -65,7 +65,7 @@ def check_safetensors(path: Path) -> str | None:
 
     try:
         with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():
+            for key in f.keys():  # noqa: SIM118  (a safetensors handle, not a dict)
                 f.get_slice(key).get_shape()
         return None
     except Exception as error:  # noqa: BLE001  (safetensors raises several types for a damaged file)
@@ -233,7 +233,6 @@ def make_weights_check(checkpoint: Path, where: str):
     class ResumedWeightsCheck(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             import torch
-
             from peft import get_peft_model_state_dict
 
             for name, folder in saved_adapters(checkpoint).items():

@@ -8,10 +8,10 @@ import sys
 import click
 
 from kitcli import __version__
-from kitcli.errors import KitError, KitGroup
-from kitcli.eval_cli import eval_command, report_command
 from kitcli.chat import chat_command, generate_command
 from kitcli.doctor import doctor_command
+from kitcli.errors import KitError, KitGroup
+from kitcli.eval_cli import eval_command, report_command
 from kitcli.export import export_command
 from kitcli.launch import launcher_options
 from kitcli.plan import plan_command

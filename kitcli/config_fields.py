@@ -17,7 +17,7 @@ import ast
 import importlib.util
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,7 @@ def help_text(call: ast.Call) -> str:
     return ""
 
 
-@lru_cache(maxsize=None)
+@cache
 def parse_classes(package: str, relative: str) -> dict[str, tuple[list[str], dict[str, ConfigField]]]:
     """class name -> (its base class names, its own annotated fields) for every class in one source file."""
     tree = ast.parse((package_dir(package) / relative).read_text(encoding="utf-8"))
@@ -96,7 +96,7 @@ def parse_classes(package: str, relative: str) -> dict[str, tuple[list[str], dic
     return classes
 
 
-@lru_cache(maxsize=None)
+@cache
 def config_fields(config: str) -> dict[str, ConfigField]:
     """Every init field of `config` (base classes' first, a subclass's override wins)."""
     if config == "PPOConfig":
@@ -120,7 +120,7 @@ def ppo_fields() -> dict[str, ConfigField]:
             for f in dataclasses.fields(PPOConfig) if f.init}
 
 
-@lru_cache(maxsize=None)
+@cache
 def enum_values() -> dict[str, tuple[str, ...]]:
     """Values of transformers' string enums (SchedulerType, IntervalStrategy, OptimizerNames, ...)."""
     found: dict[str, tuple[str, ...]] = {}
@@ -237,7 +237,8 @@ def describe(spec: TypeSpec) -> str:
 
 def narrowed(spec: TypeSpec) -> TypeSpec:
     """`SchedulerType | str` and the like accept the enum's values only (TRL would raise on any other string)."""
-    if spec.kind == "union" and any(p.kind == "choice" for p in spec.items) and any(p.kind == "str" for p in spec.items):
+    kinds = {p.kind for p in spec.items} if spec.kind == "union" else set()
+    if {"choice", "str"} <= kinds:
         return TypeSpec("union", tuple(p for p in spec.items if p.kind != "str"))
     return spec
 
@@ -264,7 +265,8 @@ class Range:
     def text(self) -> str:
         parts = []
         if self.low is not None and self.high is not None:
-            parts.append(f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}")
+            left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+            parts.append(f"in {left}{self.low:g}, {self.high:g}{right}")
         elif self.low is not None:
             parts.append(f"{'>' if self.low_open else '>='} {self.low:g}")
         elif self.high is not None:

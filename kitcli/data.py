@@ -58,7 +58,7 @@ def read_file(path: Path) -> list[dict[str, Any]]:
 
         try:
             frame = pd.read_csv(path) if suffix == ".csv" else pd.read_parquet(path)
-        except Exception as error:  # pandas raises many types for a bad file
+        except Exception as error:  # noqa: BLE001  (pandas raises many types for a bad file)
             raise KitError(f"{path}: cannot read as {suffix[1:].upper()}: {str(error).splitlines()[0]}") from None
         return frame.to_dict(orient="records")
     raise KitError(f"{path}: unsupported dataset format '{suffix}'; use .jsonl, .json, .csv or .parquet")
@@ -73,7 +73,8 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as error:
-                raise KitError(f"{path}: line {number} is not valid JSON ({error.msg} at column {error.colno})") from None
+                raise KitError(f"{path}: line {number} is not valid JSON ({error.msg} at column "
+                               f"{error.colno})") from None
             if not isinstance(row, dict):
                 raise KitError(f"{path}: line {number} must be a JSON object, got {type(row).__name__}")
             rows.append(row)
@@ -97,9 +98,10 @@ def read_hub(spec: dict[str, Any], where: str) -> list[dict[str, Any]]:
 
     try:
         dataset = datasets.load_dataset(spec["path"], spec.get("config"), split=spec.get("split") or "train")
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001  (a library's error for a missing or unreadable dataset)
         raise KitError(f"{where}: cannot load hub dataset '{spec['path']}' ({type(error).__name__}: "
-                       f"{str(error).splitlines()[0][:200]}); check the name, or use a local file when offline") from None
+                       f"{str(error).splitlines()[0][:200]}); check the name, or use a local file when "
+                       f"offline") from None
     return list(dataset)
 
 

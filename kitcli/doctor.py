@@ -184,6 +184,7 @@ def check_unsloth() -> Check:
     try:
         with quiet_output():
             import unsloth  # noqa: F401
+
             from kitcli.backend import choose_backend
 
             backend = choose_backend("auto")

@@ -20,10 +20,9 @@ from typing import Any
 
 import click
 
-from kitcli.registry import is_policy, spec_output
 from kitcli.errors import KitError
+from kitcli.registry import is_policy, spec_output
 from kitcli.rundir import RunDir, StageDir
-
 
 
 def read_lock(run_dir: Path) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+
 def exact_match(completion: str, answer: Any) -> bool:
     """The `exact_match` reward's verdict (rewards/builtin.py): the last <answer> tag's content (else the last
     \\boxed{}, else the whole text) equals the answer, or one of a list of accepted answers, up to case, spacing, a

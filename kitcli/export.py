@@ -26,8 +26,8 @@ from typing import Any
 
 import click
 
-from kitcli.chat import PolicyStage, resolve_policy_stage
 from kitcli import registry
+from kitcli.chat import PolicyStage, resolve_policy_stage
 from kitcli.errors import KitError
 from kitcli.rundir import RunDir
 

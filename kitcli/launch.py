@@ -21,7 +21,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from kitcli import registry
 from kitcli.errors import KitError

@@ -10,7 +10,6 @@ matplotlib is imported only when figures are drawn (the Agg backend: no display 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,6 @@ from typing import Any
 from kitcli import registry
 from kitcli.errors import KitError
 from kitcli.rundir import LOCK_NAME, RunDir, StageDir, read_jsonl
-
 
 FALLBACK_SKIP = {"step", "epoch", "time", "total_flos", "num_tokens", "train_runtime", "train_samples_per_second",
                  "train_steps_per_second", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}

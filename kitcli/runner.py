@@ -12,15 +12,11 @@ Layout of a run directory:
 
 from __future__ import annotations
 
-import importlib
-import json
-import os
 import platform
 import re
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import metadata
 from pathlib import Path
@@ -30,14 +26,13 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from kitcli import __version__, dist, interrupt
+from kitcli import __version__, dist, interrupt, registry
+from kitcli.context import StageContext
 from kitcli.data import fingerprint
 from kitcli.errors import KitError
 from kitcli.progress import emit_json, stage_display
-from kitcli.context import StageContext
-from kitcli import registry
 from kitcli.recipe import Recipe
-from kitcli.rundir import RunDir, StageDir, redact
+from kitcli.rundir import RunDir, redact
 
 PACKAGES = ("torch", "transformers", "trl", "peft", "unsloth", "unsloth_zoo", "bitsandbytes", "datasets",
             "accelerate")
@@ -131,8 +126,15 @@ def check_resumable_stages(recipe: Recipe, run_dir: Path, existing: dict[str, An
                            console: Console) -> None:
     """Before anything runs: every unfinished stage with a checkpoint must be able to resume it faithfully (whole
     files, the settings and LoRA shapes it was written with)."""
-    from kitcli.checkpoints import (VOLATILE_SETTINGS, check_files, check_lora_shape, last_checkpoint,
-                                    required_files, stage_lora, way_out)
+    from kitcli.checkpoints import (
+        VOLATILE_SETTINGS,
+        check_files,
+        check_lora_shape,
+        last_checkpoint,
+        required_files,
+        stage_lora,
+        way_out,
+    )
 
     def without_volatile(tree: Any) -> Any:
         if isinstance(tree, dict):
@@ -210,7 +212,8 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
     dist.barrier()
     console.print(f"run directory: {run_dir}", highlight=False, markup=False)
     if recipe.data["model"].get("trust_remote_code"):
-        console.print("warning: model.trust_remote_code is on: the model's own Python code from its repository will run",
+        console.print("warning: model.trust_remote_code is on: the model's own Python code from its repository "
+                      "will run",
                       highlight=False, markup=False)
 
     outputs: dict[str, Path] = {}
@@ -309,7 +312,8 @@ def out_of_memory(ctx: StageContext) -> KitError:
     train = ctx.stage.get("train", {})
     memory = registry.spec(ctx.stage["type"]).memory_settings
     settings = ", ".join(f"{k}={train[k]}" for k in memory if k in train) or "the stage's train settings"
-    return KitError(f"stage '{ctx.name}' ran out of GPU memory ({settings}; lora.r={(ctx.recipe.data['lora'] or {}).get('r')}, "
+    rank = (ctx.recipe.data["lora"] or {}).get("r")
+    return KitError(f"stage '{ctx.name}' ran out of GPU memory ({settings}; lora.r={rank}, "
                     f"model.max_seq_length={ctx.model['max_seq_length']}); lower per_device_train_batch_size (raise "
                     f"gradient_accumulation_steps to keep the batch), the lengths or num_generations, or lora.r; "
                     f"`kit plan {ctx.recipe.source}` estimates the memory of each stage")
@@ -322,7 +326,8 @@ def print_summary(results, console: Console, report: Path | None = None, run_dir
     for column in ("stage", "type", "status", "seconds", "result"):
         table.add_column(column)
     for stage, summary, status in results:
-        table.add_row(stage["name"], stage["type"], status, str(summary.get("seconds", "")), summary.get("headline", ""))
+        table.add_row(stage["name"], stage["type"], status, str(summary.get("seconds", "")),
+                      summary.get("headline", ""))
     console.print(table)
     evals = [(stage, summary) for stage, summary, _ in results if registry.spec(stage["type"]).evaluates]
     if evals:

@@ -192,7 +192,8 @@ def ensure_reference(trainer, start: dict[str, Any], where: str) -> str:
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if f".{active}." in name:
-                    model.get_parameter(name.replace(f".{active}.", f".{REFERENCE_ADAPTER}.")).copy_(start.get(name, param))
+                    copy = model.get_parameter(name.replace(f".{active}.", f".{REFERENCE_ADAPTER}."))
+                    copy.copy_(start.get(name, param))
         model.set_adapter(active)
         for name, param in model.named_parameters():
             if f".{REFERENCE_ADAPTER}." in name:

@@ -17,8 +17,7 @@ from typing import Any
 
 from kitcli.errors import KitError
 from rewards.registry import reward_factory
-from rewards.text import (completion_lengths, completion_text, extract_answer, extract_code, normalize_answer,
-                          tagged)
+from rewards.text import completion_lengths, completion_text, extract_answer, extract_code, normalize_answer, tagged
 
 log = logging.getLogger("rewards")
 

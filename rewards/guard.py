@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from numbers import Real
-from typing import Any, Callable
+from typing import Any
 
 from kitcli.errors import KitError
 from rewards.registry import LoadedReward

@@ -94,9 +94,7 @@ def install_audit_hook(workdir, allow_network):
                     raise PermissionError(f"sandbox: {event} on {args[index]!r} outside the work directory")
         elif event in process_events:
             raise PermissionError(f"sandbox: {event} is not allowed (no new processes)")
-        elif event in refused_events:
-            raise PermissionError(f"sandbox: {event} is not allowed")
-        elif event in ("os.kill", "os.killpg") and args and args[0] not in (own_pid, 0):
+        elif event in refused_events or event in ("os.kill", "os.killpg") and args and args[0] not in (own_pid, 0):
             raise PermissionError(f"sandbox: {event} is not allowed")
         elif not allow_network and (event in network_events or (event == "socket.__new__" and len(args) > 1
                                                               and args[1] not in (1,))):  # 1 = AF_UNIX

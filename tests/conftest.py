@@ -63,3 +63,20 @@ def in_tmp(tmp_path, monkeypatch) -> Path:
     """Run the test from an empty directory, so default run directories land in tmp_path."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, tiny_model_dir) -> Path:
+    """One finished run for the commands that read a run (chat, generate, export): eval -> a short SFT -> eval."""
+    from helpers import DATA, run_cli, write_recipe
+
+    root = tmp_path_factory.mktemp("trained")
+    held_out = {"path": str(DATA / "arithmetic_eval.jsonl"), "limit": 4}
+    stages = [{"name": "eval-before", "type": "eval", "data": held_out, "generation": {"max_new_tokens": 4}},
+              {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),
+               "train": {"max_steps": 12, "learning_rate": 3e-3, "per_device_train_batch_size": 16,
+                         "logging_steps": 6, "save_steps": 100}},
+              {"name": "eval-after", "type": "eval", "init": "sft", "data": held_out,
+               "generation": {"max_new_tokens": 4}}]
+    run_cli("run", write_recipe(root / "recipe.yaml", stages, name="export-test"), "--output", root / "run")
+    return root / "run"

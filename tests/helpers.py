@@ -64,3 +64,17 @@ def done(stage_dir: Path) -> dict[str, Any]:
 def snapshot(directory: Path) -> dict[str, bytes]:
     """Every file under `directory` with its bytes, to check that a failed command changed nothing."""
     return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def stage_context(recipe_path: Path, stage_name: str, run_dir: Path, outputs: dict[str, Path] | None = None):
+    """The StageContext the runner would give stage `stage_name` of a recipe file (outputs: the earlier stages'
+    directories, by default those in `run_dir`)."""
+    from rich.console import Console
+
+    from kitcli.context import StageContext
+    from kitcli.recipe import load_recipe
+
+    recipe = load_recipe(str(recipe_path))
+    if outputs is None:
+        outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
+    return StageContext(recipe, recipe.stage(stage_name), run_dir, Console(quiet=True), outputs)

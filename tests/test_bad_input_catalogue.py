@@ -7,13 +7,12 @@ directory byte-for-byte unchanged. Cases run in-process through Click's CliRunne
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import yaml
-
 from helpers import DATA, run_cli, snapshot
 
 GOOD_SFT = {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"), "train": {"max_steps": 2}}
@@ -170,13 +169,16 @@ CASES = [
         ({"name": "g", "type": "grpo", "data": str(DATA / "arithmetic_prompts.jsonl"), "rewards": ["exact_match"],
           "variant": "grp"}, "variant", "variant must be one of grpo, dr_grpo, dapo, bnpo, got 'grp'"),
         ({"name": "g", "type": "grpo", "data": str(DATA / "arithmetic_prompts.jsonl"),
-          "rewards": [{"name": "exact_match", "weight": "heavy"}]}, "reward-weight", "rewards.0.weight must be a number"),
+          "rewards": [{"name": "exact_match", "weight": "heavy"}]}, "reward-weight",
+         "rewards.0.weight must be a number"),
         ({"name": "g", "type": "grpo", "data": str(DATA / "arithmetic_prompts.jsonl"),
-          "rewards": [{"name": "exact_match", "on_error": "ignore"}]}, "on-error", "on_error must be one of raise, skip"),
+          "rewards": [{"name": "exact_match", "on_error": "ignore"}]}, "on-error",
+         "on_error must be one of raise, skip"),
         ({"name": "g", "type": "grpo", "data": str(DATA / "arithmetic_prompts.jsonl"), "rewards": "exact_match"},
          "rewards-not-list", "'rewards' must be a list of reward names or mappings"),
         ({"name": "g", "type": "grpo", "data": str(DATA / "arithmetic_prompts.jsonl"),
-          "reward_model": {"stage": "rm", "weight": "x"}}, "reward-model-weight", "reward_model.weight must be a number"),
+          "reward_model": {"stage": "rm", "weight": "x"}}, "reward-model-weight",
+         "reward_model.weight must be a number"),
         ({"name": "g", "type": "gspo", "data": str(DATA / "arithmetic_prompts.jsonl"), "rewards": ["exact_match"],
           "allow_on_policy": "yes"}, "allow-on-policy", "allow_on_policy must be true or false, got 'yes'"),
         ({"name": "g", "type": "gspo", "data": str(DATA / "arithmetic_prompts.jsonl"), "rewards": ["exact_match"],
@@ -190,7 +192,8 @@ CASES = [
         ({"name": "d", "type": "dpo", "data": str(DATA / "arithmetic_prefs.jsonl"), "eval_fraction": 1.0},
          "eval-fraction", "eval_fraction must be a number < 1, got 1.0"),
         ({"name": "d", "type": "dpo", "data": str(DATA / "arithmetic_prefs.jsonl"), "eval_fraction": 0.1,
-          "eval_data": str(DATA / "arithmetic_prefs.jsonl")}, "both-evals", "give eval_data or eval_fraction, not both"),
+          "eval_data": str(DATA / "arithmetic_prefs.jsonl")}, "both-evals",
+         "give eval_data or eval_fraction, not both"),
         ({"name": "r", "type": "reward", "data": str(DATA / "arithmetic_prefs.jsonl"),
           "train": {"center_rewards_coefficient": -1}}, "centering", "center_rewards_coefficient must be >= 0"),
         ({"name": "p", "type": "ppo", "data": str(DATA / "arithmetic_prompts.jsonl"), "rewards": ["exact_match"],
@@ -200,7 +203,8 @@ CASES = [
         ({"name": "p", "type": "ppo", "data": str(DATA / "arithmetic_prompts.jsonl"), "rewards": ["exact_match"],
           "train": {"gamma": 2}}, "gamma", "train.gamma must be in [0, 1], got 2"),
         ({"name": "e", "type": "eval", "data": str(DATA / "arithmetic_eval.jsonl"),
-          "generation": {"max_new_tokens": 0}}, "max-new-tokens", "generation.max_new_tokens must be a positive integer"),
+          "generation": {"max_new_tokens": 0}}, "max-new-tokens",
+         "generation.max_new_tokens must be a positive integer"),
         ({"name": "e", "type": "eval", "data": str(DATA / "arithmetic_eval.jsonl"),
           "generation": {"temperature": -0.5}}, "temperature", "generation.temperature must be a number >= 0"),
         ({"name": "e", "type": "eval", "data": str(DATA / "arithmetic_eval.jsonl"),

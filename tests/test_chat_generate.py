@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 from click.testing import CliRunner
-from helpers import DATA, run_cli, write_recipe
+from helpers import run_cli
 
 from kitcli.chat import resolve_policy_stage
 from kitcli.cli import main
@@ -16,25 +16,11 @@ from kitcli.errors import KitError
 QUESTION = "Ada has 3 apples and gets 5 more. How many apples does Ada have?"
 
 
-def chat(*args, input: str):
+def chat(*args, input: str):  # noqa: A002  (CliRunner's own name)
     """`kit chat` with typed input, through CliRunner: no TTY."""
     result = CliRunner().invoke(main, ["chat", *map(str, args)], input=input)
     assert result.exit_code == 0, (result.output, result.exception)
     return result
-
-
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory, tiny_model_dir):
-    """A run with a short SFT stage (the policy) and an eval stage after it."""
-    root = tmp_path_factory.mktemp("chat")
-    stages = [{"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),
-               "train": {"max_steps": 12, "learning_rate": 3e-3, "per_device_train_batch_size": 16,
-                         "logging_steps": 6, "save_steps": 100}},
-              {"name": "eval-after", "type": "eval", "init": "sft",
-               "data": {"path": str(DATA / "arithmetic_eval.jsonl"), "limit": 4}, "generation": {"max_new_tokens": 4}}]
-    recipe = write_recipe(root / "recipe.yaml", stages)
-    run_cli("run", recipe, "--output", root / "run")
-    return root / "run"
 
 
 def test_chat_streams_turns_resets_and_exits_without_a_tty(trained_run):

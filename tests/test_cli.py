@@ -8,8 +8,8 @@ import sys
 
 import click
 import pytest
-
 from helpers import run_cli
+
 from kitcli.cli import main
 
 HEAVY = ("torch", "transformers", "trl", "unsloth", "peft", "datasets")

@@ -9,9 +9,9 @@ from collections import defaultdict, deque
 from types import SimpleNamespace
 
 import pytest
+from helpers import DATA, run_cli, write_recipe
 from rich.console import Console
 
-from helpers import DATA, run_cli, write_recipe
 from kitcli.progress import StageDashboard, make_progress_callback, samples_from_trainer, trend_line
 
 STREAMS = {

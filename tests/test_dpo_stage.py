@@ -4,14 +4,11 @@ metrics, saves an adapter that reloads; bad data and a wrong `init` fail in one 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
-from rich.console import Console
+from helpers import DATA, TINY_MODEL, done, metrics, run_cli, snapshot, stage_context, write_recipe
 from safetensors.torch import load_file
-
-from helpers import DATA, TINY_MODEL, done, metrics, run_cli, snapshot, write_recipe
 
 DPO_STEPS = 6
 PREFS = {"path": str(DATA / "arithmetic_prefs.jsonl"), "limit": 72}
@@ -30,15 +27,6 @@ def sft_dpo_run(tmp_path_factory):
     recipe = write_recipe(root / "sft-dpo.yaml", [SFT, DPO])
     result = run_cli("run", recipe, "--output", root / "run")
     return recipe, root / "run", result.output
-
-
-def stage_context(recipe_path: Path, stage_name: str, run_dir: Path):
-    from kitcli.recipe import load_recipe
-    from kitcli.context import StageContext
-
-    recipe = load_recipe(str(recipe_path))
-    outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
-    return StageContext(recipe, recipe.stage(stage_name), run_dir, Console(quiet=True), outputs)
 
 
 def completion_logprobs(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,7 +69,8 @@ def test_dpo_trains_from_sft_logs_reward_metrics_and_saves(sft_dpo_run, tiny_mod
     some = next(k for k in dpo_weights if "lora_B" in k)
     assert torch.equal(state[some.replace(".weight", ".default.weight")].to(dpo_weights[some].dtype), dpo_weights[some])
     [completion] = generate(reloaded.model, reloaded.tokenizer,
-                            [[{"role": "user", "content": "Ada has 2 apples and gets 3 more. How many apples does Ada have?"}]],
+                            [[{"role": "user",
+                               "content": "Ada has 2 apples and gets 3 more. How many apples does Ada have?"}]],
                             max_new_tokens=4)
     assert isinstance(completion, str)
 

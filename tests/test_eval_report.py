@@ -7,8 +7,8 @@ import json
 import re
 
 import pytest
-
 from helpers import DATA, done, metrics, run_cli, write_recipe
+
 from kitcli.stages.eval import ks_for, pass_at_k
 
 EVAL_DATA = {"path": str(DATA / "arithmetic_eval.jsonl"), "limit": 12}

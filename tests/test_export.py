@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
-from helpers import DATA, run_cli, snapshot, write_recipe
+from helpers import run_cli, snapshot
 
 from kitcli.evaluate import generate
 
@@ -15,20 +14,6 @@ PROMPTS = [[{"role": "user", "content": "Ada has 3 apples and gets 5 more. How m
            [{"role": "user", "content": "Bo has 7 cups and gets 2 more. How many cups does Bo have?"}],
            [{"role": "user", "content": "Cy has 4 pens and gets 4 more. How many pens does Cy have?"}],
            "2+2="]
-
-
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory, tiny_model_dir):
-    root = tmp_path_factory.mktemp("export")
-    stages = [{"name": "eval-before", "type": "eval", "data": {"path": str(DATA / "arithmetic_eval.jsonl"), "limit": 4},
-               "generation": {"max_new_tokens": 4}},
-              {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),
-               "train": {"max_steps": 12, "learning_rate": 3e-3, "per_device_train_batch_size": 16,
-                         "logging_steps": 6, "save_steps": 100}},
-              {"name": "eval-after", "type": "eval", "init": "sft",
-               "data": {"path": str(DATA / "arithmetic_eval.jsonl"), "limit": 4}, "generation": {"max_new_tokens": 4}}]
-    run_cli("run", write_recipe(root / "recipe.yaml", stages, name="export-test"), "--output", root / "run")
-    return root / "run"
 
 
 def test_lora_export_is_the_adapter_with_tokenizer_and_card(trained_run, tmp_path):

@@ -107,8 +107,8 @@ def test_the_on_policy_guard_counts_processes(tmp_path, monkeypatch):
     (on-policy), which the guard must refuse."""
     from rich.console import Console
 
-    from kitcli.recipe import load_recipe
     from kitcli.context import StageContext
+    from kitcli.recipe import load_recipe
     from kitcli.stages import gspo
 
     (tmp_path / "length_reward.py").write_text(LENGTH_REWARD)

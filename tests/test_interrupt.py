@@ -3,7 +3,6 @@ exact resume from it: tests/test_resume.py.)"""
 
 from __future__ import annotations
 
-
 import pytest
 
 from kitcli.errors import KitError

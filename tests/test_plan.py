@@ -94,7 +94,7 @@ def test_planner_gpu_device_defaults_are_the_kits(monkeypatch):
     from kitcli.trl_config import device_defaults
 
     fake_gpu_torch(monkeypatch)
-    assert GPU_DEVICE_DEFAULTS == device_defaults(on_gpu=True)
+    assert device_defaults(on_gpu=True) == GPU_DEVICE_DEFAULTS
 
 
 def test_every_builtin_stage_type_has_a_sample():

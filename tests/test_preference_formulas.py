@@ -9,14 +9,10 @@ plain forward passes, one unpadded sequence at a time:
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
-from rich.console import Console
-
-from helpers import DATA, TINY_MODEL, forward_precision, precision_scale, write_recipe
+from helpers import DATA, TINY_MODEL, forward_precision, precision_scale, stage_context, write_recipe
 
 BATCH = 6
 
@@ -31,15 +27,6 @@ def built_by(trainer, family: str) -> None:
     from kitcli.trainers import is_unsloth_class
 
     assert is_unsloth_class(type(trainer)) == (family == "unsloth"), type(trainer)
-
-
-def stage_context(recipe_path: Path, stage_name: str, run_dir: Path):
-    from kitcli.recipe import load_recipe
-    from kitcli.context import StageContext
-
-    recipe = load_recipe(str(recipe_path))
-    outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
-    return StageContext(recipe, recipe.stage(stage_name), run_dir, Console(quiet=True), outputs)
 
 
 def completion_logprob(model, prompt_ids: list[int], completion_ids: list[int]) -> torch.Tensor:
@@ -106,8 +93,9 @@ def test_bradley_terry_loss_is_the_reference_formula(in_tmp, family):
         with torch.no_grad():
             trl_loss = trainer.compute_loss(model, trainer.data_collator(rows)).item()
             with forward_precision():
-                chosen, rejected = (torch.stack([model(input_ids=torch.tensor([r[key]], device=model.device)).logits[0, 0]
-                                                 for r in rows]).float() for key in ("chosen_ids", "rejected_ids"))
+                chosen, rejected = (
+                    torch.stack([model(input_ids=torch.tensor([r[key]], device=model.device)).logits[0, 0]
+                                 for r in rows]).float() for key in ("chosen_ids", "rejected_ids"))
         expected = (-F.logsigmoid(chosen - rejected)).mean() + center * ((chosen + rejected) ** 2).mean()
         assert chosen.std() > 0 and not torch.allclose(chosen, rejected)
         assert abs(trl_loss - expected.item()) < 1e-5 * precision_scale(), (name, trl_loss, expected.item())

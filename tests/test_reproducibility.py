@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from helpers import DATA, metrics, run_cli, write_recipe
 
-VOLATILE = {"time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "elapsed", "steps_per_second"}
+VOLATILE = {"time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "elapsed",
+            "steps_per_second"}
 
 
 def comparable(rows):

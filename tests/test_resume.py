@@ -21,9 +21,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from helpers import DATA, done, metrics, run_cli, snapshot, write_recipe
+from safetensors.torch import load_file
 
 PROMPTS = str(DATA / "arithmetic_prompts.jsonl")
 PREFS = {"path": str(DATA / "arithmetic_prefs.jsonl"), "limit": 160}

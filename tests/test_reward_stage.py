@@ -5,14 +5,11 @@ and ranks chosen above rejected more often than before training; bad input fails
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
-from rich.console import Console
+from helpers import DATA, TINY_MODEL, done, metrics, run_cli, snapshot, stage_context, write_recipe
 from safetensors.torch import load_file
-
-from helpers import DATA, TINY_MODEL, done, metrics, run_cli, snapshot, write_recipe
 
 RM_STEPS = 16
 TRAIN_PAIRS = {"path": str(DATA / "arithmetic_prefs.jsonl"), "limit": 40}
@@ -30,15 +27,6 @@ def sft_rm_run(tmp_path_factory):
     recipe = write_recipe(root / "sft-rm.yaml", [SFT, RM])
     result = run_cli("run", recipe, "--output", root / "run")
     return recipe, root / "run", result.output
-
-
-def stage_context(recipe_path: Path, stage_name: str, run_dir: Path):
-    from kitcli.recipe import load_recipe
-    from kitcli.context import StageContext
-
-    recipe = load_recipe(str(recipe_path))
-    outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
-    return StageContext(recipe, recipe.stage(stage_name), run_dir, Console(quiet=True), outputs)
 
 
 def pair_accuracy(model, tokenizer, rows) -> float:

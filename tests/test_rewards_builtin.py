@@ -10,8 +10,16 @@ import pytest
 import rewards.builtin as builtin
 import rewards.text as text
 from kitcli.errors import KitError
-from rewards.builtin import (code_exec, exact_match, format, length_penalty, math_equal, overlong_penalty,
-                             repetition_penalty, tag_credit)
+from rewards.builtin import (
+    code_exec,
+    exact_match,
+    format,
+    length_penalty,
+    math_equal,
+    overlong_penalty,
+    repetition_penalty,
+    tag_credit,
+)
 
 
 def conversational(completion: str) -> list[dict[str, str]]:

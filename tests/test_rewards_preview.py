@@ -6,8 +6,8 @@ import math
 from pathlib import Path
 
 import pytest
-
 from helpers import DATA, SMALL_LORA, TINY_MODEL, run_cli, write_recipe
+
 from kitcli.errors import KitError
 from rewards.registry import load_reward
 

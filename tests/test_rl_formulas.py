@@ -19,8 +19,8 @@ import torch
 from helpers import DATA, forward_precision, precision_scale, write_recipe
 from rich.console import Console
 
-from kitcli.recipe import load_recipe
 from kitcli.context import StageContext
+from kitcli.recipe import load_recipe
 from kitcli.stages import grpo, gspo
 from kitcli.trainers import is_unsloth_class
 
@@ -80,7 +80,8 @@ def with_old_logps(trainer, batch: dict, spread: float, offsets: torch.Tensor | 
     shift per token, plus `offsets` per sequence (to place whole sequences inside or outside the clip range)."""
     with torch.no_grad():
         current = policy_logps(trainer.model, batch)
-    shift = ((torch.rand(current.shape, generator=torch.Generator().manual_seed(1)) * 2 - 1) * spread).to(current.device)
+    noise = torch.rand(current.shape, generator=torch.Generator().manual_seed(1))
+    shift = ((noise * 2 - 1) * spread).to(current.device)
     if offsets is not None:
         shift = shift + offsets.to(current.device).unsqueeze(1)
     return {**batch, "old_per_token_logps": current - shift}, shift

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import torch
-from safetensors.torch import load_file
-
 from helpers import DATA, done, metrics, run_cli, write_recipe
+from safetensors.torch import load_file
 
 STEPS = 30
 

@@ -17,8 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from helpers import DATA, TINY_MODEL, forward_precision, metrics, precision_scale, run_cli, write_recipe
-from rich.console import Console
+from helpers import DATA, TINY_MODEL, forward_precision, metrics, precision_scale, run_cli, stage_context, write_recipe
 
 from kitcli.trainers import is_unsloth_class
 
@@ -34,14 +33,6 @@ def sft_run(tmp_path_factory, tiny_model_dir) -> Path:
     root = tmp_path_factory.mktemp("families-sft")
     run_cli("run", write_recipe(root / "r.yaml", [SFT]), "--output", root / "run")
     return root / "run"
-
-
-def stage_context(recipe_path: Path, stage_name: str, run_dir: Path, outputs: dict[str, Path]):
-    from kitcli.recipe import load_recipe
-    from kitcli.context import StageContext
-
-    recipe = load_recipe(str(recipe_path))
-    return StageContext(recipe, recipe.stage(stage_name), run_dir, Console(quiet=True), outputs)
 
 
 def assert_family(trainer, family: str) -> None:

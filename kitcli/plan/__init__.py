@@ -42,7 +42,7 @@ import click
 
 from kitcli.errors import KitError
 from kitcli.plan.architecture import BUILTIN_ARCHITECTURES, Architecture, find_architecture, normalise_name
-from kitcli.plan.estimate import GiB, MiB, Component, Estimate, estimate
+from kitcli.plan.estimate import Component, Estimate, GiB, MiB, estimate
 from kitcli.plan.fit import Change, fit, set_flag
 from kitcli.plan.settings import Settings, stage_settings
 
@@ -70,7 +70,7 @@ def detect_gpu() -> tuple[float, str] | None:
         if torch.cuda.is_available():
             props = torch.cuda.get_device_properties(0)
             return float(props.total_memory), props.name
-    except Exception:  # no usable torch / driver: planning still works from --gpu-memory
+    except Exception:  # noqa: BLE001  (no usable torch / driver: planning still works from --gpu-memory)
         return None
     return None
 

@@ -163,7 +163,7 @@ def download_config(repo_id: str) -> Path | None:
         from huggingface_hub import hf_hub_download
 
         return Path(hf_hub_download(repo_id, "config.json"))
-    except Exception:  # offline, gated, missing: the caller falls back to the built-in table
+    except Exception:  # noqa: BLE001  (offline, gated, missing: the caller falls back to the built-in table)
         return None
 
 

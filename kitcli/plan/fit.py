@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from kitcli.plan.estimate import MiB, Estimate, estimate
+from kitcli.plan.estimate import Estimate, MiB, estimate
 
 if TYPE_CHECKING:
     from kitcli.plan.architecture import Architecture

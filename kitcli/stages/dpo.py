@@ -30,17 +30,16 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
+from kitcli import trainers
 from kitcli.backend import cuda_available, is_peft_model, load_stage_policy, save_model
+from kitcli.checkpoints import resume_checkpoint, train
+from kitcli.context import StageContext
 from kitcli.data import apply_system_prompt, to_dataset
 from kitcli.errors import KitError
 from kitcli.progress import attach_progress, read_metrics
-from kitcli import trainers
-from kitcli.checkpoints import resume_checkpoint, train
-from kitcli.context import StageContext
 from kitcli.schema import StageSpec
 from kitcli.stages.reward import PreferenceSection, describe_data, final_evaluation, has_eval, train_eval_rows
 from kitcli.trl_config import build_config, config_dict, config_summary
-
 
 
 class DPOSection(PreferenceSection):
@@ -86,7 +85,8 @@ def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, A
 
 
 def make_config(ctx: StageContext):
-    config = build_config(trainers.config_class("dpo"), stage_defaults=stage_defaults(ctx), train=ctx.stage.get("train", {}),
+    config = build_config(trainers.config_class("dpo"), stage_defaults=stage_defaults(ctx),
+                          train=ctx.stage.get("train", {}),
                           where=ctx.where, output_dir=ctx.dir.checkpoints, seed=ctx.seed,
                           on_gpu=cuda_available())
     if config.sync_ref_model and ctx.recipe.data["lora"] is not None:
@@ -146,9 +146,11 @@ def run(ctx: StageContext) -> dict[str, Any]:
     if summary["eval"]:
         e = summary["eval"]
         summary["headline"] = (f"eval reward accuracy {e['rewards/accuracies']:.2f}, margin "
-                               f"{e['rewards/margins']:.2f}; loss {first.get('loss', 0):.3f} -> {last.get('loss', 0):.3f}")
+                               f"{e['rewards/margins']:.2f}; loss {first.get('loss', 0):.3f} -> "
+                               f"{last.get('loss', 0):.3f}")
     elif rows:
-        summary["headline"] = (f"reward accuracy {first['rewards/accuracies']:.2f} -> {last['rewards/accuracies']:.2f}, "
+        summary["headline"] = (f"reward accuracy {first['rewards/accuracies']:.2f} -> "
+                               f"{last['rewards/accuracies']:.2f}, "
                                f"margin {first['rewards/margins']:.2f} -> {last['rewards/margins']:.2f}")
     return summary
 

@@ -12,8 +12,9 @@ The `variant:` preset fixes every GRPOConfig field that decides the objective (t
     grpo      grpo       group          0.04  0.2      0.2           false           DeepSeekMath: per-sequence mean,
                                                                                       group z-score, KL to the reference
     dr_grpo   dr_grpo    none           0.0   0.2      0.2           false           Dr. GRPO: no 1/|o| and no std
-    dapo      dapo       group          0.0   0.2      0.28          true            DAPO: token-level mean, clip-higher,
-                                                                                      truncated completions masked
+    dapo      dapo       group          0.0   0.2      0.28          true            DAPO: token-level mean,
+                                                                                      clip-higher, truncated
+                                                                                      completions masked
     bnpo      bnpo       group          0.0   0.2      0.2           false           token mean over the local batch
 
 Every preset also sets importance_sampling_level "token" (GSPO is its own stage type, `kitcli/stages/gspo.py`).
@@ -31,13 +32,13 @@ from pydantic import Field
 
 from kitcli import dist
 from kitcli.backend import cuda_available, load_stage_policy, save_model
-from kitcli.data import read_rows, to_dataset, with_system_prompt
-from kitcli.errors import KitError, did_you_mean
-from kitcli.progress import attach_progress, read_metrics
 from kitcli.checkpoints import resume_checkpoint, train
-from kitcli.trainers import trainer_summary
 from kitcli.context import StageContext
+from kitcli.data import read_rows, to_dataset, with_system_prompt
+from kitcli.errors import KitError
+from kitcli.progress import attach_progress, read_metrics
 from kitcli.schema import RESERVED_TRAIN, RewardedSection, StageSpec
+from kitcli.trainers import trainer_summary
 from kitcli.trl_config import COMMON_DEFAULTS, build_config, config_dict, config_summary
 
 # The fields each preset sets; every variant sets all of them, so switching variants never inherits a default.
@@ -240,7 +241,8 @@ def resolved_defaults(ctx: StageContext, preset: dict[str, Any], rewards) -> dic
 def make_config(ctx: StageContext, defaults: dict[str, Any]):
     from kitcli.trainers import config_class
 
-    return build_config(config_class("grpo"), stage_defaults=defaults, train=ctx.stage.get("train", {}), where=ctx.where,
+    return build_config(config_class("grpo"), stage_defaults=defaults, train=ctx.stage.get("train", {}),
+                        where=ctx.where,
                         output_dir=ctx.dir.checkpoints, seed=ctx.seed, on_gpu=cuda_available())
 
 
@@ -268,7 +270,8 @@ def describe_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, A
         check_enough_prompts(ctx, rows, config)
     listed = [f"{r.name} (weight {r.weight:g}, {r.source})" for r in rewards]
     if ctx.stage.get("reward_model") is not None:
-        source = f"of stage '{reward_model_stage(ctx)}'" if reward_model_stage(ctx) else ctx.stage["reward_model"]["path"]
+        stage = reward_model_stage(ctx)
+        source = f"of stage '{stage}'" if stage else ctx.stage["reward_model"]["path"]
         listed.append(f"reward model {source} (weight {reward_model_weight(ctx):g})")
     return {"init": ctx.stage.get("init") or "base model", **extra, "data": spec["path"], "rows": rows,
             "rewards": listed, **config_summary(config, defaults, ctx.stage.get("train", {}))}
@@ -358,7 +361,8 @@ def train_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any]
     save_model(model, loaded.tokenizer, ctx.stage_dir)
     logged = read_metrics(metrics_path)
     rewards = [row["reward"] for row in logged if "reward" in row]
-    summary = {**extra, **trainer_summary(trainer), "steps": trainer.state.global_step, "resumed_from": resume.name if resume else None,
+    summary = {**extra, **trainer_summary(trainer), "steps": trainer.state.global_step,
+               "resumed_from": resume.name if resume else None,
                "reward_first": window_mean(rewards, first=True), "reward_last": window_mean(rewards, first=False),
                "backend": loaded.backend}
     for key in sorted({k for row in logged for k in row if k.startswith("rewards/") and k.endswith("/mean")}):
@@ -397,4 +401,5 @@ SPEC = StageSpec(
     summary="TRL GRPOTrainer with a variant preset: grpo, dr_grpo, dapo, bnpo",
     output="policy", init_from=("policy",), trainer="grpo", metrics=RL_METRICS, panels=RL_PANELS, rl=True,
     launcher="data parallel (TRL GRPOTrainer): each process generates its share of the completions",
-    memory_settings=RL_MEMORY, defaults=lambda ctx, on_gpu=None: stage_defaults(ctx, VARIANTS[variant_name(ctx)], on_gpu), rows=load_rows)
+    memory_settings=RL_MEMORY, rows=load_rows,
+    defaults=lambda ctx, on_gpu=None: stage_defaults(ctx, VARIANTS[variant_name(ctx)], on_gpu))

@@ -21,10 +21,11 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from kitcli import dist
-from kitcli.errors import KitError
 from kitcli.context import StageContext
+from kitcli.errors import KitError
 from kitcli.schema import RESERVED_TRAIN, RewardedSection, StageSpec
 from kitcli.stages import grpo
+
 
 class GSPOSection(RewardedSection):
     """GSPO: GRPO with the importance ratio and clipping at the sequence level (the paper's configuration)."""

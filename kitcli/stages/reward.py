@@ -27,15 +27,14 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from kitcli.backend import (cuda_available, load_reward_model, resolve_model_path, save_merged_reward_model,
-                            save_model)
+from kitcli.backend import cuda_available, load_reward_model, resolve_model_path, save_merged_reward_model, save_model
+from kitcli.checkpoints import resume_checkpoint, train
+from kitcli.context import StageContext
 from kitcli.data import read_rows, require_columns, to_dataset
 from kitcli.errors import KitError
-from kitcli.checkpoints import resume_checkpoint, train
-from kitcli.trainers import trainer_summary
 from kitcli.progress import attach_progress, read_metrics
-from kitcli.context import StageContext
 from kitcli.schema import DataSpec, StageSpec, TrainingSection, fail
+from kitcli.trainers import trainer_summary
 from kitcli.trl_config import build_config, config_dict, config_summary
 
 PAIR_COLUMNS = ["chosen", "rejected"]
@@ -101,7 +100,8 @@ def suggest_pair_mapping(present: set[str], where: str, path: str) -> None:
     rejected = next((c for c in present if c.lower() in LIKE_REJECTED), None)
     if chosen and rejected:
         raise KitError(f"{where}: dataset '{path}' needs columns chosen+rejected (prompt optional); it has "
-                       f"{', '.join(sorted(present))}; map yours with columns: {{{chosen}: chosen, {rejected}: rejected}}")
+                       f"{', '.join(sorted(present))}; map yours with columns: "
+                       f"{{{chosen}: chosen, {rejected}: rejected}}")
 
 
 def preference_rows(ctx: StageContext, key: str = "data") -> list[dict[str, Any]]:

@@ -11,12 +11,12 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from kitcli.backend import cuda_available, load_stage_policy, save_model
-from kitcli.data import apply_system_prompt, read_rows, require_columns, to_dataset
-from kitcli.progress import attach_progress, read_metrics
 from kitcli.checkpoints import resume_checkpoint, train
 from kitcli.context import StageContext
-from kitcli.trainers import build_trainer, trainer_summary
+from kitcli.data import apply_system_prompt, read_rows, require_columns, to_dataset
+from kitcli.progress import attach_progress, read_metrics
 from kitcli.schema import StageSpec, TrainingSection
+from kitcli.trainers import build_trainer, trainer_summary
 from kitcli.trl_config import build_config, config_dict, config_summary
 
 COLUMN_OPTIONS = [["prompt", "completion"], ["messages"], ["text"]]
@@ -80,7 +80,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
     train(trainer, resume, ctx.where)
     save_model(loaded.model, loaded.tokenizer, ctx.stage_dir)
     losses = [row["loss"] for row in read_metrics(metrics_path) if "loss" in row]
-    summary = {**trainer_summary(trainer), "steps": trainer.state.global_step, "resumed_from": resume.name if resume else None,
+    summary = {**trainer_summary(trainer), "steps": trainer.state.global_step,
+               "resumed_from": resume.name if resume else None,
                "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
                "backend": loaded.backend}
     if losses:
