@@ -7,8 +7,16 @@ import math
 import pytest
 import torch
 
-from kitcli.ppo.losses import (KLController, clipped_surrogate_loss, clipped_value_loss, explained_variance, gae,
-                               kl_shaped_rewards, masked_mean, masked_whiten)
+from kitcli.ppo.losses import (
+    KLController,
+    clipped_surrogate_loss,
+    clipped_value_loss,
+    explained_variance,
+    gae,
+    kl_shaped_rewards,
+    masked_mean,
+    masked_whiten,
+)
 
 
 def test_gae_matches_a_hand_computed_example():

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from helpers import DATA, done, metrics, run_cli, write_recipe
+from safetensors.torch import load_file
 
 FP32_TINY = {"name": "tiny", "max_seq_length": 128, "load_in_4bit": False, "dtype": "float32"}
 PPO_TRAIN = {"max_steps": 2, "per_device_train_batch_size": 8, "num_mini_batches": 2, "num_ppo_epochs": 2,
@@ -104,8 +103,8 @@ def test_ppo_resumes_from_its_last_checkpoint(ppo_run, tmp_path):
 def stage_context(root: Path, recipe_path: Path, run_dir: Path):
     from rich.console import Console
 
-    from kitcli.recipe import load_recipe
     from kitcli.context import StageContext
+    from kitcli.recipe import load_recipe
 
     recipe = load_recipe(str(recipe_path))
     outputs = {s["name"]: root / "run" / s["name"] for s in recipe.stages}

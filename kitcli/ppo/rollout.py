@@ -12,8 +12,17 @@ import torch
 
 from kitcli.errors import KitError
 from kitcli.ppo.config import PPOConfig
-from kitcli.ppo.models import (CRITIC, POLICY, PPOModels, RewardModel, hidden_states, policy_logprobs,
-                               reference_logprobs, response_values, use_adapter)
+from kitcli.ppo.models import (
+    CRITIC,
+    POLICY,
+    PPOModels,
+    RewardModel,
+    hidden_states,
+    policy_logprobs,
+    reference_logprobs,
+    response_values,
+    use_adapter,
+)
 
 REWARD_ARGS = {"prompts", "completions", "completion_ids", "kwargs"}
 

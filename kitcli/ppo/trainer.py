@@ -12,16 +12,25 @@ import contextlib
 import math
 import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from kitcli import interrupt
-from kitcli.ppo.config import PPOConfig
 from kitcli.ppo.checkpoint import load_checkpoint, register_checkpoint_state, save_checkpoint
-from kitcli.ppo.losses import (KLController, clipped_surrogate_loss, clipped_value_loss, explained_variance, gae,
-                               kl_shaped_rewards, masked_mean, masked_whiten)
+from kitcli.ppo.config import PPOConfig
+from kitcli.ppo.losses import (
+    KLController,
+    clipped_surrogate_loss,
+    clipped_value_loss,
+    explained_variance,
+    gae,
+    kl_shaped_rewards,
+    masked_mean,
+    masked_whiten,
+)
 from kitcli.ppo.models import CRITIC, POLICY, PPOModels, policy_logprobs, response_values, use_adapter
 from kitcli.ppo.rollout import Rollout, evaluate_held_out, make_rollout, rollout_samples
 from kitcli.progress import StageDashboard, read_metrics
