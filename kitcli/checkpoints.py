@@ -88,7 +88,7 @@ def check_files(checkpoint: Path, required: list[str]) -> None:
         problem = None
         if path.suffix == ".safetensors":
             problem = check_safetensors(path)
-        elif path.suffix in (".pt", ".pth", ".bin"):
+        elif path.suffix in (".pt", ".pth", ".bin", ".pkl"):  # torch.save archives (accelerate's too)
             problem = check_torch_file(path)
         elif path.name in ("trainer_state.json", "adapter_config.json"):
             try:

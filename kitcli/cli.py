@@ -107,7 +107,7 @@ def execute(recipe, *, output: str | None, dry_run: bool, force: bool, quiet: bo
             as_json: bool = False) -> None:
     import contextlib
 
-    from kitcli import progress, runner
+    from kitcli import dashboard, runner
 
     mode = output_mode(quiet, as_json)
     console = make_console(quiet=mode == "quiet", stderr=mode == "json")
@@ -120,7 +120,7 @@ def execute(recipe, *, output: str | None, dry_run: bool, force: bool, quiet: bo
     # --quiet / --json: stdout carries only what was asked for; libraries' prints go to stderr
     quiet_stdout = contextlib.redirect_stdout(sys.stderr) if mode != "auto" else contextlib.nullcontext()
     try:
-        with progress.output_mode(mode, json_stream=stdout), quiet_stdout:
+        with dashboard.output_mode(mode, json_stream=stdout), quiet_stdout:
             run_dir = runner.run_recipe(recipe, output=output, force=force, console=console)
     except StageInterrupted as stop:
         click.echo(f"kit: {stop}", err=True)
@@ -175,7 +175,7 @@ def recipes_schema() -> None:
     import json
 
     from kitcli import registry
-    from kitcli.schema import json_schema
+    from kitcli.editor_schema import json_schema
 
     click.echo(json.dumps(json_schema(registry.specs()), indent=2))
 

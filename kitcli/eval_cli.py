@@ -158,7 +158,7 @@ def eval_command(target: str, data: str, rewards: tuple[str, ...], n: int, tempe
         log(f"wrote {out / 'eval.json'} and {out / 'samples.jsonl'}")
     print_scores(summary, console)
     if as_json:
-        from kitcli.progress import json_safe
+        from kitcli.dashboard import json_safe
 
         click.echo(json.dumps(json_safe(summary), default=str))
 

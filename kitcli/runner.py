@@ -28,9 +28,9 @@ from rich.table import Table
 
 from kitcli import __version__, dist, interrupt, registry
 from kitcli.context import StageContext
+from kitcli.dashboard import emit_json, stage_display
 from kitcli.data import fingerprint
 from kitcli.errors import KitError
-from kitcli.progress import emit_json, stage_display
 from kitcli.recipe import Recipe
 from kitcli.rundir import RunDir, redact
 

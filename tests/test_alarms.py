@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from kitcli.alarms import AlarmMonitor
-from kitcli.progress import StageDashboard
+from kitcli.dashboard import StageDashboard
 
 
 def healthy_grpo(steps: int = 40, seed: int = 0):

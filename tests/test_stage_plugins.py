@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import Field
 
 from kitcli.data import read_rows
-from kitcli.progress import StageDashboard
+from kitcli.dashboard import StageDashboard
 from kitcli.schema import DataSpec, StageSection, StageSpec
 
 

@@ -110,7 +110,7 @@ def disable_dropout(model) -> None:
 def reward_shares_base(reward_stage_dir: Path, policy_quantized: bool, load_in_4bit: bool) -> bool:
     """A reward stage's adapter can sit on the policy's base when it was trained on that base in the same form.
     Reward models train as sequence classification, which is 4-bit only on a GPU (Unsloth's CPU loader cannot
-    do it: backend.load_reward_model), so on a CPU a 4-bit policy base gets the merged reward model instead."""
+    do it: reward_models.load_reward_model), so on a CPU a 4-bit policy base gets the merged reward model instead."""
     if not (StageDir(reward_stage_dir).adapter / "adapter_model.safetensors").is_file():
         return False  # fully fine-tuned reward model: only the merged model exists
     reward_quantized = cuda_available() and load_in_4bit
@@ -172,7 +172,7 @@ def setup_models(model_spec: dict[str, Any], lora: dict[str, Any] | None, *, see
 def load_reward_model(model, tokenizer, reward: RewardSource, model_spec: dict[str, Any], policy_quantized: bool,
                       where: str, log: Callable[[str], None]) -> tuple[RewardModel, str]:
     """The reward model as the frozen adapter `reward` on the shared base, or loaded beside it; and its layout line."""
-    from kitcli.backend import attach_reward_adapter, load_seq_cls_scorer
+    from kitcli.reward_models import attach_reward_adapter, load_seq_cls_scorer
 
     stage = StageDir(reward.stage_dir) if reward.stage_dir is not None else None
     if stage is not None and reward_shares_base(stage.path, policy_quantized, model_spec["load_in_4bit"]):

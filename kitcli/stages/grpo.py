@@ -16,10 +16,33 @@ The `variant:` preset fixes every GRPOConfig field that decides the objective (t
                                                                                       clip-higher, truncated
                                                                                       completions masked
     bnpo      bnpo       group          0.0   0.2      0.2           false           token mean over the local batch
+    cispo     cispo      group          0.0   0.2      5.0           false           CISPO: the token ratio itself is
+                                                                                      clipped (at epsilon_high, no
+                                                                                      lower bound) and detached as the
+                                                                                      weight of A log pi; token mean
+    sapo      sapo       group          0.0   0.2      0.2           false           SAPO: a soft gate
+                                                                                      4/tau sigmoid(tau (r - 1)) instead
+                                                                                      of the clip; per-sequence mean
+    vespo     vespo      group          0.0   0.2      0.2           false           VESPO: the sequence ratio w
+                                                                                      weights A log pi by a Gamma shape
+                                                                                      phi(w) = e^lam w^k e^(-lam w);
+                                                                                      token mean
 
-Every preset also sets importance_sampling_level "token" (GSPO is its own stage type, `kitcli/stages/gspo.py`).
+Every preset also sets importance_sampling_level "token" (GSPO, and its LUSPO variant, are the gspo stage type,
+`kitcli/stages/gspo.py`), and every stage sets the soft gates' knobs, whichever loss reads them: SAPO's
+temperatures sapo_temperature_pos 1.0 / sapo_temperature_neg 1.05 (for positive / other advantages) and VESPO's
+vespo_k_pos 2.0, vespo_lambda_pos 3.0, vespo_k_neg 3.0, vespo_lambda_neg 2.0 (the papers' values, as TRL has them).
+epsilon is not read by cispo, sapo or vespo; epsilon_high is only CISPO's cap (5.0, ScaleRL's recommendation).
 Dr. GRPO's other fix for the difficulty bias is to scale by the whole batch's standard deviation instead of
 each group's: `train: {scale_rewards: batch}` on any variant.
+
+Papers: GRPO, Shao et al. 2024, DeepSeekMath (arXiv 2402.03300); Dr. GRPO, Liu et al. 2025 (arXiv 2503.20783);
+DAPO, Yu et al. 2025 (arXiv 2503.14476); CISPO, MiniMax 2025, MiniMax-M1 (arXiv 2506.13585), with epsilon_high from
+Khatri et al. 2025, ScaleRL (arXiv 2510.13786); SAPO, Soft Adaptive Policy Optimization (arXiv 2511.20347); VESPO,
+Variational Sequence-Level Soft Policy Optimization (arXiv 2602.10693). TRL's GRPOConfig help texts name them.
+
+The shared pieces below (defaults, group sizes, generation batches, rewards, the trainer) also build RLOO stages
+(`kitcli/stages/rloo.py`, trainer kind "rloo"): they keep only the fields the kind's config has.
 """
 
 from __future__ import annotations
@@ -41,6 +64,10 @@ from kitcli.schema import RESERVED_TRAIN, RewardedSection, StageSpec
 from kitcli.trainers import trainer_summary
 from kitcli.trl_config import COMMON_DEFAULTS, build_config, config_dict, config_summary
 
+# SAPO's temperatures and VESPO's Gamma weights (their papers' values, as TRL 1.15 has them): every GRPO / GSPO stage
+# sets them (only sapo / vespo read them), and the two presets name them.
+SOFT_GATES: dict[str, float] = {"sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, "vespo_k_pos": 2.0,
+                                "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0}
 # The fields each preset sets; every variant sets all of them, so switching variants never inherits a default.
 VARIANTS: dict[str, dict[str, Any]] = {
     "grpo": {"loss_type": "grpo", "scale_rewards": "group", "beta": 0.04, "epsilon": 0.2, "epsilon_high": 0.2,
@@ -51,6 +78,17 @@ VARIANTS: dict[str, dict[str, Any]] = {
              "mask_truncated_completions": True, "importance_sampling_level": "token"},
     "bnpo": {"loss_type": "bnpo", "scale_rewards": "group", "beta": 0.0, "epsilon": 0.2, "epsilon_high": 0.2,
              "mask_truncated_completions": False, "importance_sampling_level": "token"},
+    # TRL clamps CISPO's weight at epsilon_high itself (not 1 + epsilon_high); ScaleRL recommends 5.0
+    "cispo": {"loss_type": "cispo", "scale_rewards": "group", "beta": 0.0, "epsilon": 0.2, "epsilon_high": 5.0,
+              "mask_truncated_completions": False, "importance_sampling_level": "token"},
+    "sapo": {"loss_type": "sapo", "scale_rewards": "group", "beta": 0.0, "epsilon": 0.2, "epsilon_high": 0.2,
+             "mask_truncated_completions": False, "importance_sampling_level": "token",
+             "sapo_temperature_pos": SOFT_GATES["sapo_temperature_pos"],
+             "sapo_temperature_neg": SOFT_GATES["sapo_temperature_neg"]},
+    # VESPO forms its sequence weight itself from the token ratios: TRL wants importance_sampling_level "token"
+    "vespo": {"loss_type": "vespo", "scale_rewards": "group", "beta": 0.0, "epsilon": 0.2, "epsilon_high": 0.2,
+              "mask_truncated_completions": False, "importance_sampling_level": "token",
+              **{k: v for k, v in SOFT_GATES.items() if k.startswith("vespo_")}},
 }
 DEFAULT_VARIANT = "grpo"
 
@@ -87,6 +125,7 @@ def base_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, An
         "entropy_coef": 0.0,
         "use_adaptive_entropy": False,
         "off_policy_mask_threshold": None,
+        **SOFT_GATES,
         "sync_ref_model": False,
         "disable_dropout": True,  # so the old and current log-probabilities of a sample agree
         "use_vllm": False,  # the kit loads models without Unsloth's fast_inference (vLLM) engine
@@ -102,11 +141,17 @@ def variant_name(ctx: StageContext) -> str:
     return ctx.stage.get("variant") or DEFAULT_VARIANT
 
 
-def stage_defaults(ctx: StageContext, preset: dict[str, Any], on_gpu: bool | None = None) -> dict[str, Any]:
+def stage_defaults(ctx: StageContext, preset: dict[str, Any], on_gpu: bool | None = None,
+                   kind: str = "grpo") -> dict[str, Any]:
     """base < preset, then the generation batch: `steps_per_generation` unless `train:` sizes it by
-    `generation_batch_size` (TRL takes one or the other)."""
+    `generation_batch_size` (TRL takes one or the other). Only the fields the trainer kind's config has (an RLOO
+    stage has no GRPO-only fields)."""
+    from kitcli.config_fields import config_fields
+    from kitcli.trainers import TRAINERS
+
     train = ctx.stage.get("train", {})
-    defaults = {**base_defaults(ctx, on_gpu), **preset}
+    known = config_fields(TRAINERS[kind][2])
+    defaults = {k: v for k, v in {**base_defaults(ctx, on_gpu), **preset}.items() if k in known}
     if "generation_batch_size" in train:
         defaults.pop("steps_per_generation", None)
     elif "steps_per_generation" not in defaults:
@@ -199,6 +244,7 @@ def is_local(spec: dict[str, Any]) -> bool:
 
 def load_rows(ctx: StageContext) -> list[dict[str, Any]]:
     spec = ctx.stage["data"]
+    method = ctx.stage["type"].upper()
     rows = read_rows(spec, ctx.where)
     if "prompt" not in rows[0]:
         present = sorted(rows[0])
@@ -206,16 +252,24 @@ def load_rows(ctx: StageContext) -> list[dict[str, Any]]:
         likely += [c for c in present if c not in likely and c not in ("answer", "solution", "completion")]
         hint = f"; map yours with e.g. columns: {{{likely[0]}: prompt}}" if likely else ""
         raise KitError(f"{ctx.where}: dataset '{spec['path']}' has no prompt column (it has "
-                       f"{', '.join(present)}); GRPO samples completions for each prompt{hint}")
+                       f"{', '.join(present)}); {method} samples completions for each prompt{hint}")
     for index, row in enumerate(rows):
         if row["prompt"] in (None, "", []):
-            raise KitError(f"{ctx.where}: row {index} of '{spec['path']}' has an empty prompt; every GRPO row "
+            raise KitError(f"{ctx.where}: row {index} of '{spec['path']}' has an empty prompt; every {method} row "
                            f"needs a prompt (a string or a list of messages)")
     system = ctx.stage.get("system_prompt")
     return [{**row, "prompt": with_system_prompt(row["prompt"], system)} for row in rows]
 
 
-def resolved_defaults(ctx: StageContext, preset: dict[str, Any], rewards) -> dict[str, Any]:
+def check_loss_settings(values: dict[str, Any], where: str) -> None:
+    """Settings TRL accepts with a warning but that do not give the loss asked for."""
+    if values.get("loss_type") == "luspo" and values.get("importance_sampling_level") != "sequence":
+        raise KitError(f"{where}: loss_type 'luspo' scales GSPO's sequence-level objective by each sequence's "
+                       f"length, so it needs importance_sampling_level 'sequence', got "
+                       f"{values.get('importance_sampling_level')!r}; use a stage of type gspo with variant: luspo")
+
+
+def resolved_defaults(ctx: StageContext, preset: dict[str, Any], rewards, kind: str = "grpo") -> dict[str, Any]:
     train = ctx.stage.get("train", {})
     if "reward_weights" in train:
         raise KitError(f"{ctx.where}: train.reward_weights is set by the kit from each reward's weight:; "
@@ -227,9 +281,10 @@ def resolved_defaults(ctx: StageContext, preset: dict[str, Any], rewards) -> dic
             raise KitError(f"{ctx.where}: train.use_vllm needs a CUDA GPU and vLLM (pip install vllm, then run "
                            f"`trl vllm-serve` for vllm_mode: server); without it, remove use_vllm (the kit "
                            f"generates with transformers)")
-    defaults = stage_defaults(ctx, preset)
+    defaults = stage_defaults(ctx, preset, kind=kind)
     defaults["reward_weights"] = reward_weights(ctx, rewards)
     values = {**COMMON_DEFAULTS, **defaults, **train}
+    check_loss_settings(values, ctx.where)
     check_group_sizes(values, ctx.where)
     if "save_steps" not in train:  # the kit's default, rounded up to a whole number of generation batches
         cycle = generation_cycle(values)
@@ -238,10 +293,10 @@ def resolved_defaults(ctx: StageContext, preset: dict[str, Any], rewards) -> dic
     return defaults
 
 
-def make_config(ctx: StageContext, defaults: dict[str, Any]):
+def make_config(ctx: StageContext, defaults: dict[str, Any], kind: str = "grpo"):
     from kitcli.trainers import config_class
 
-    return build_config(config_class("grpo"), stage_defaults=defaults, train=ctx.stage.get("train", {}),
+    return build_config(config_class(kind), stage_defaults=defaults, train=ctx.stage.get("train", {}),
                         where=ctx.where,
                         output_dir=ctx.dir.checkpoints, seed=ctx.seed, on_gpu=cuda_available())
 
@@ -256,16 +311,17 @@ def check_enough_prompts(ctx: StageContext, rows: int, config) -> None:
                        f"give more prompts, or lower per_device_train_batch_size")
 
 
-def describe_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """Validate data, references and rewards and build the GRPOConfig, without loading a model."""
+def describe_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any],
+                   kind: str = "grpo") -> dict[str, Any]:
+    """Validate data, references and rewards and build the trainer's config, without loading a model."""
     from kitcli.backend import choose_backend, prepare_backend
 
     prepare_backend(choose_backend(ctx.model["backend"]))
     spec = ctx.stage["data"]
     rows: Any = len(load_rows(ctx)) if is_local(spec) else "hub dataset, read when the stage runs"
     rewards = load_reward_functions(ctx)
-    defaults = resolved_defaults(ctx, preset, rewards)
-    config = make_config(ctx, defaults)
+    defaults = resolved_defaults(ctx, preset, rewards, kind)
+    config = make_config(ctx, defaults, kind)
     if isinstance(rows, int):
         check_enough_prompts(ctx, rows, config)
     listed = [f"{r.name} (weight {r.weight:g}, {r.source})" for r in rewards]
@@ -285,7 +341,7 @@ def describe(ctx: StageContext) -> dict[str, Any]:
 def load_reward_scorer(ctx: StageContext):
     """The sequence-classification reward model (and tokenizer): the merged model a reward stage saved, or the
     directory `reward_model: {path}` names."""
-    from kitcli.backend import load_seq_cls_scorer
+    from kitcli.reward_models import load_seq_cls_scorer
 
     stage = reward_model_stage(ctx)
     path = ctx.output(stage).merged if stage else Path(ctx.stage["reward_model"]["path"])
@@ -310,15 +366,15 @@ def make_reward_metrics_callback(stats):
     return RewardMetrics()
 
 
-def build_trainer(ctx: StageContext, preset: dict[str, Any], config=None):
-    """Load the policy, the rewards and the data, and build the GRPOTrainer the stage trains with.
-    Returns (trainer, loaded policy, config)."""
+def build_trainer(ctx: StageContext, preset: dict[str, Any], config=None, kind: str = "grpo"):
+    """Load the policy, the rewards and the data, and build the GRPOTrainer (or, for kind "rloo", RLOOTrainer) the
+    stage trains with. Returns (trainer, loaded policy, config)."""
     from kitcli.trainers import build_trainer as build
     from rewards.guard import RewardStats, guard_rewards
 
     rows = load_rows(ctx)
     rewards = load_reward_functions(ctx)
-    config = config or make_config(ctx, resolved_defaults(ctx, preset, rewards))
+    config = config or make_config(ctx, resolved_defaults(ctx, preset, rewards, kind), kind)
     check_enough_prompts(ctx, len(rows), config)
     loaded = load_stage_policy(ctx.model, lora=ctx.recipe.data["lora"], seed=ctx.seed, init_from=ctx.init_dir,
                                log=ctx.log)
@@ -329,7 +385,7 @@ def build_trainer(ctx: StageContext, preset: dict[str, Any], config=None):
         model, tokenizer = load_reward_scorer(ctx)
         reward_funcs.append(model)
         processing.append(tokenizer)
-    trainer, _ = build("grpo", loaded, args=config, reference=config.beta != 0.0, reward_funcs=reward_funcs,
+    trainer, _ = build(kind, loaded, args=config, reference=config.beta != 0.0, reward_funcs=reward_funcs,
                        train_dataset=to_dataset(rows), processing_class=loaded.tokenizer,
                        reward_processing_classes=processing, log=ctx.log, label=ctx.name, where=ctx.where)
     trainer.add_callback(make_reward_metrics_callback(stats))
@@ -345,11 +401,12 @@ def window_mean(values: list[float], first: bool) -> float | None:
     return sum(chosen) / len(chosen)
 
 
-def train_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    config = make_config(ctx, resolved_defaults(ctx, preset, load_reward_functions(ctx)))
+def train_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any],
+                kind: str = "grpo") -> dict[str, Any]:
+    config = make_config(ctx, resolved_defaults(ctx, preset, load_reward_functions(ctx), kind), kind)
     metrics_path = ctx.dir.metrics
     resume = resume_checkpoint(ctx, metrics_path, config_dict(config))
-    trainer, loaded, config = build_trainer(ctx, preset, config)
+    trainer, loaded, config = build_trainer(ctx, preset, config, kind)
     attach_progress(trainer, ctx.name, metrics_path, ctx.console)
     try:
         train(trainer, resume, ctx.where, stop_every=generation_cycle(vars(config)))
@@ -357,7 +414,7 @@ def train_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any]
         raise KitError(f"{ctx.where}: {error.message}") from None
     model = loaded.model
     if "ref" in getattr(model, "peft_config", {}):
-        model.delete_adapter("ref")  # TRL's frozen copy of the starting adapter (beta > 0); not part of the result
+        model.delete_adapter("ref")  # TRL's frozen copy of the starting adapter; not part of the result
     save_model(model, loaded.tokenizer, ctx.stage_dir)
     logged = read_metrics(metrics_path)
     rewards = [row["reward"] for row in logged if "reward" in row]
@@ -398,7 +455,7 @@ RL_MEMORY = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_
 
 SPEC = StageSpec(
     type="grpo", module=__name__, section=GRPOSection,
-    summary="TRL GRPOTrainer with a variant preset: grpo, dr_grpo, dapo, bnpo",
+    summary="TRL GRPOTrainer with a variant preset: " + ", ".join(VARIANTS),
     output="policy", init_from=("policy",), trainer="grpo", metrics=RL_METRICS, panels=RL_PANELS, rl=True,
     launcher="data parallel (TRL GRPOTrainer): each process generates its share of the completions",
     memory_settings=RL_MEMORY, rows=load_rows,

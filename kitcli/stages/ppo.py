@@ -28,11 +28,12 @@ from kitcli import interrupt
 from kitcli.backend import cuda_available, resolve_model_path, save_model
 from kitcli.checkpoints import resume_checkpoint
 from kitcli.context import StageContext
+from kitcli.dashboard import StageDashboard
 from kitcli.data import read_rows, require_columns
 from kitcli.errors import KitError
 from kitcli.ppo.checkpoint import CHECKPOINT_FILES
 from kitcli.ppo.config import PPOConfig, ppo_defaults
-from kitcli.progress import StageDashboard, read_metrics
+from kitcli.progress import read_metrics
 from kitcli.schema import DataSpec, RewardedSection, StageSpec
 from kitcli.trl_config import build_config
 

@@ -27,12 +27,13 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from kitcli.backend import cuda_available, load_reward_model, resolve_model_path, save_merged_reward_model, save_model
+from kitcli.backend import cuda_available, resolve_model_path, save_model
 from kitcli.checkpoints import resume_checkpoint, train
 from kitcli.context import StageContext
 from kitcli.data import read_rows, require_columns, to_dataset
 from kitcli.errors import KitError
 from kitcli.progress import attach_progress, read_metrics
+from kitcli.reward_models import load_reward_model, save_merged_reward_model
 from kitcli.schema import DataSpec, StageSpec, TrainingSection, fail
 from kitcli.trainers import trainer_summary
 from kitcli.trl_config import build_config, config_dict, config_summary
