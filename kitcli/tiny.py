@@ -1,14 +1,18 @@
 """The embedded tiny model: a small Qwen2 causal LM and a byte-level tokenizer with a ChatML template.
 
-Built locally from a config (no download), saved under `$KIT_HOME/models/tiny-<hash>` and reused, so that
-`model: tiny` loads through the same `load_policy` path as any local model directory. The weights are a
-deterministic function of the seed; the tokenizer is trained on a fixed corpus, so it is deterministic too.
+The model ships with the kit (kitcli/assets/tiny/, 2.5 MB): `model: tiny` copies it once to
+`$KIT_HOME/models/tiny-<sha>` and loads it through the same `load_policy` path as any local model directory. It is
+the same file on every machine, so a figure measured with it is one a fresh clone can reproduce.
+
+It was built by this module's own recipe (`python -m kitcli.tiny build`: a config, a BPE tokenizer trained on a
+fixed corpus, 300 steps of full-parameter pretraining on sums). The tokenizer build is deterministic anywhere; the
+pretraining is deterministic on one machine but not across CPUs (float reductions differ between vector units),
+which is why the result is shipped instead of built at first use.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 from pathlib import Path
@@ -43,30 +47,56 @@ def kit_home() -> Path:
     return Path(os.environ.get("KIT_HOME", Path.home() / ".cache" / "kit"))
 
 
+ASSETS = Path(__file__).resolve().parent / "assets" / "tiny"
+SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                 "tokenizer_config.json", "chat_template.jinja")
+# sha256 of the shipped model.safetensors: what every machine trains from (tests/test_backend.py checks it)
+TINY_SHA256 = "2acf97ce1131a1b137520b62d3aee2b07cfaa95153728bbcda3e028c53b738ab"
+
+
 def tiny_model_dir(seed: int = 0) -> Path:
-    key = json.dumps({"config": TINY_CONFIG, "vocab": TOKENIZER_VOCAB_SIZE, "v": BUILD_VERSION, "seed": seed},
-                     sort_keys=True)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
-    return kit_home() / "models" / f"tiny-s{seed}-{digest}"
+    """Where the shipped tiny model is copied (`seed` is kept for callers; the shipped model is seed 0's)."""
+    return kit_home() / "models" / f"tiny-{TINY_SHA256[:12]}"
 
 
 def ensure_tiny_model(seed: int = 0) -> Path:
-    """Return the directory of the tiny model for `seed`, building it on first use."""
+    """Return the directory of the tiny model, copying the shipped one there on first use."""
     target = tiny_model_dir(seed)
-    if (target / "config.json").exists() and (target / "tokenizer.json").exists():
+    if all((target / name).exists() for name in SHIPPED_FILES):
         return target
+    missing = [name for name in SHIPPED_FILES if not (ASSETS / name).is_file()]
+    if missing:
+        from kitcli.errors import KitError
+
+        raise KitError(f"the kit's tiny model is incomplete ({ASSETS} has no {', '.join(missing)}); reinstall the kit "
+                       f"(pip install -e .), or rebuild it with `python -m kitcli.tiny build`")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(target.name + f".tmp{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(ASSETS, staging, ignore=shutil.ignore_patterns("*.md"))
+    try:
+        staging.rename(target)  # atomic: a concurrent copier that lost the race just uses the winner's copy
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def build_tiny_model(target: Path, seed: int = 0) -> Path:
+    """Build the tiny model from its recipe into `target` (what `python -m kitcli.tiny build` runs)."""
+    target.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     model = build_model(len(tokenizer), tokenizer, seed)
     pretrain(model, tokenizer, seed)
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    try:
-        staging.rename(target)  # atomic: a concurrent builder that lost the race just uses the winner's copy
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
     return target
 
 
@@ -180,3 +210,20 @@ def build_model(vocab_size: int, tokenizer, seed: int):
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m kitcli.tiny build [DIR]`: rebuild the tiny model (default: over the shipped one) and print its
+    sha256; on another CPU the pretrained weights differ in their last bits, so commit a rebuild with TINY_SHA256."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] != "build":
+        raise SystemExit("usage: python -m kitcli.tiny build [DIR]")
+    target = Path(args[1]) if len(args) > 1 else ASSETS
+    build_tiny_model(target)
+    print(f"built {target}: model.safetensors sha256 {file_sha256(target / 'model.safetensors')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -26,6 +26,41 @@ def test_tiny_model_is_cached_and_has_chat_template(tiny_model_dir):
     assert [tokenizer.decode([t]) for t in tokenizer("12")["input_ids"]] == ["1", "2"]  # digits split
 
 
+def test_every_machine_gets_the_shipped_tiny_model(tiny_model_dir, tmp_path, monkeypatch):
+    """The weights a run trains from are the shipped file (not rebuilt per CPU), copied byte for byte."""
+    assert tiny.file_sha256(tiny.ASSETS / "model.safetensors") == tiny.TINY_SHA256
+    assert tiny.file_sha256(tiny_model_dir / "model.safetensors") == tiny.TINY_SHA256
+    # the shipped tokenizer is what its recipe builds (deterministic on any machine)
+    built = json.loads(tiny.build_tokenizer().backend_tokenizer.to_str())
+    shipped = json.loads((tiny.ASSETS / "tokenizer.json").read_text())
+    for part in ("model", "added_tokens", "pre_tokenizer", "decoder"):  # vocabulary, merges, splitting
+        assert built[part] == shipped[part], part
+    # a fresh KIT_HOME gets a copy at once, without building anything
+    monkeypatch.setenv("KIT_HOME", str(tmp_path / "home"))
+    fresh = tiny.ensure_tiny_model()
+    assert fresh.parent == tmp_path / "home" / "models"
+    assert tiny.file_sha256(fresh / "model.safetensors") == tiny.TINY_SHA256
+
+
+def test_the_shipped_tiny_model_is_pretrained(tiny_model_dir):
+    """Its loss on the pretraining text is far below a fresh random model's: it is a language model, not noise."""
+    import random
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rng = random.Random(123)
+    docs = [tiny.pretraining_text(rng).rstrip("\n") + tokenizer.eos_token for _ in range(16)]
+    batch = tokenizer(docs, return_tensors="pt", padding=True)
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    shipped = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    fresh = tiny.build_model(len(tokenizer), tokenizer, seed=0)
+    with torch.no_grad():
+        trained_loss = shipped(**batch, labels=labels).loss.item()
+        random_loss = fresh(**batch, labels=labels).loss.item()
+    assert trained_loss < 0.5 * random_loss, (trained_loss, random_loss)
+
+
 def test_tiny_build_is_deterministic_for_a_seed():
     tokenizer_a, tokenizer_b = tiny.build_tokenizer(), tiny.build_tokenizer()
     assert tokenizer_a.get_vocab() == tokenizer_b.get_vocab()

@@ -168,9 +168,9 @@ def download_config(repo_id: str) -> Path | None:
 
 
 def tiny_config() -> dict[str, Any]:
-    from kitcli.tiny import TINY_CONFIG, TOKENIZER_VOCAB_SIZE, tiny_model_dir
+    from kitcli.tiny import ASSETS, TINY_CONFIG, TOKENIZER_VOCAB_SIZE
 
-    built = tiny_model_dir(0) / "config.json"
+    built = ASSETS / "config.json"
     if built.exists():
         return json.loads(built.read_text())
     return {**TINY_CONFIG, "vocab_size": TOKENIZER_VOCAB_SIZE}
