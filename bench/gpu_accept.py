@@ -238,6 +238,8 @@ def main() -> None:
     conf = payload["conformance"]
     print(f"conformance on Unsloth's trainers: {conf.get('passed')} passed, {len(conf.get('failed', []))} failed, "
           f"{len(conf.get('skipped', []))} skipped")
+    if payload["run_log_tail"]:  # why the run failed, where a CI log shows it
+        print(f"the run exited {payload['run_exit']}; the end of its output:\n{payload['run_log_tail'][-1500:]}")
     print(f"{'ACCEPTED' if payload['ok'] else 'NOT ACCEPTED'} in {payload['seconds']} s; results: {path}")
     sys.exit(0 if payload["ok"] else 1)
 
