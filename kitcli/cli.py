@@ -9,6 +9,7 @@ import click
 
 from kitcli import __version__
 from kitcli.chat import chat_command, generate_command
+from kitcli.data_cli import data_group
 from kitcli.doctor import doctor_command
 from kitcli.errors import KitError, KitGroup
 from kitcli.eval_cli import eval_command, report_command
@@ -181,6 +182,7 @@ def recipes_schema() -> None:
 
 
 main.add_command(rewards)
+main.add_command(data_group)
 main.add_command(eval_command)
 main.add_command(report_command)
 main.add_command(doctor_command)

@@ -294,6 +294,10 @@ RANGES: dict[Any, Range] = {
     "beta": NOT_NEGATIVE, "delta": POSITIVE, "top_entropy_quantile": Range(0, True, 1),
     "label_smoothing": Range(0, False, 0.5, False), "center_rewards_coefficient": NOT_NEGATIVE,
     ("DPOConfig", "beta"): POSITIVE, ("KTOConfig", "beta"): POSITIVE,
+    # GRPO's soft gates (SAPO's temperatures, VESPO's Gamma weights) and KTO's class weights
+    "sapo_temperature_pos": POSITIVE, "sapo_temperature_neg": POSITIVE, "vespo_k_pos": NOT_NEGATIVE,
+    "vespo_k_neg": NOT_NEGATIVE, "vespo_lambda_pos": POSITIVE, "vespo_lambda_neg": POSITIVE,
+    "desirable_weight": POSITIVE, "undesirable_weight": POSITIVE,
     # the kit's PPO loop
     "num_mini_batches": AT_LEAST_ONE, "num_ppo_epochs": AT_LEAST_ONE, "response_length": AT_LEAST_ONE,
     "kl_coef": NOT_NEGATIVE, "kl_target": POSITIVE, "kl_horizon": AT_LEAST_ONE, "cliprange": Range(0, True, 1, True),
@@ -311,6 +315,9 @@ CHOICES: dict[tuple[str, str], tuple] = {
     ("SFTConfig", "loss_type"): ("nll", "dft"),
     ("DPOConfig", "f_divergence_type"): ("reverse_kl", "js_divergence", "alpha_divergence"),
     ("DPOConfig", "truncation_mode"): ("keep_start", "keep_end"),
+    ("KTOConfig", "loss_type"): ("kto", "apo_zero_unpaired"),
+    ("KTOConfig", "train_sampling_strategy"): ("sequential", "random", "group_by_length"),
+    ("RLOOConfig", "vllm_mode"): ("server", "colocate"),
     ("PPOConfig", "lr_scheduler_type"): ("linear", "cosine", "constant", "constant_with_warmup"),
     ("PPOConfig", "optim"): ("adamw_torch", "adamw_torch_fused", "adamw_8bit"),
 }

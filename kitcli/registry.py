@@ -20,7 +20,7 @@ from importlib import metadata
 from kitcli.errors import KitError
 
 ENTRY_POINT_GROUP = "kit.stages"
-BUILTIN = ("sft", "reward", "dpo", "grpo", "gspo", "ppo", "eval")
+BUILTIN = ("sft", "reward", "dpo", "kto", "grpo", "gspo", "rloo", "ppo", "eval")
 
 
 @lru_cache(maxsize=1)

@@ -29,12 +29,21 @@ def uses_unsloth_trainers(item) -> bool:
     return callspec is not None and callspec.params.get("trainer_family") == "unsloth"
 
 
+# Fixtures that train the tiny model: a test that uses one is slow, like a test that trains itself.
+TRAINING_FIXTURES = {"trained", "run", "ppo_run", "trained_run", "uninterrupted", "sft_run", "sft_rm_run",
+                     "sft_dpo_run", "interrupted"}
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests on Unsloth's generated trainers run last: forcing them rewrites TRL's module attributes (and some of
-    its helpers) for the rest of the process, and every other test checks the classes a CPU run really uses."""
+    its helpers) for the rest of the process, and every other test checks the classes a CPU run really uses.
+    A test using a fixture that trains is marked slow (`make test-fast` leaves them out)."""
     import torch
 
     items.sort(key=uses_unsloth_trainers)
+    for item in items:
+        if TRAINING_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -11,9 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_gpu_bench_reduced_runs_both_backends(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--reduced", "--results", str(tmp_path)],
                             cwd=ROOT, capture_output=True, text=True, timeout=600)

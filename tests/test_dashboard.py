@@ -151,6 +151,7 @@ def tiny_sft_recipe(path):
     return write_recipe(path, [stage])
 
 
+@pytest.mark.slow
 def test_kit_run_json_and_quiet(in_tmp, tiny_model_dir):
     recipe = tiny_sft_recipe(in_tmp / "sft.yaml")
     result = run_cli("run", recipe, "--output", in_tmp / "run", "--json")
@@ -168,6 +169,7 @@ def test_kit_run_json_and_quiet(in_tmp, tiny_model_dir):
     assert "--quiet and --json exclude each other" in both.output
 
 
+@pytest.mark.slow
 def test_grpo_stage_shows_rewards_and_keeps_recent_completions(in_tmp, tiny_model_dir):
     stage = {"name": "grpo", "type": "grpo", "data": {"path": str(DATA / "arithmetic_prompts.jsonl"), "limit": 16},
              "rewards": ["exact_match"],

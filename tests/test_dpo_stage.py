@@ -141,6 +141,7 @@ def test_dpo_data_without_chosen_rejected_is_refused_and_nothing_is_lost(in_tmp)
     assert snapshot(in_tmp) == before
 
 
+@pytest.mark.slow
 def test_dpo_over_several_epochs_precomputes_reference_logprobs_with_the_same_result(tmp_path):
     """With num_train_epochs > 1 the kit turns precompute_ref_log_probs on (a reference forward per row once,
     not per step); the training numbers must be those of the per-step reference."""

@@ -39,6 +39,7 @@ def test_pass_at_k():
     assert ks_for(8) == [1, 2, 4, 8] and ks_for(6) == [1, 2, 4, 6] and ks_for(1) == [1]
 
 
+@pytest.mark.slow
 def test_eval_stages_score_rewards_and_print_before_after(run_dir):
     run, output = run_dir
     before, after = done(run / "eval-before"), done(run / "eval-after")

@@ -181,6 +181,7 @@ def nan(prompts, completions, **kwargs):
     ("not_a_number", r"reward 'not_a_number' returned 'high' is not a number for sample 0"),
     ("nan", r"reward 'nan' returned nan is not a finite number for sample 1"),
 ])
+@pytest.mark.slow
 def test_bad_reward_stops_the_stage_naming_reward_and_sample(tmp_path, name, expected):
     import re
 
@@ -197,6 +198,7 @@ def test_bad_reward_stops_the_stage_naming_reward_and_sample(tmp_path, name, exp
     assert snapshot(run / "look") == kept
 
 
+@pytest.mark.slow
 def test_on_error_skip_counts_the_skipped_samples(tmp_path):
     (tmp_path / "bad.py").write_text(BAD_REWARDS)
     stage = grpo_stage(init=None, rewards=["exact_match", {"name": "bad.py:nan", "on_error": "skip"}],

@@ -75,8 +75,11 @@ SAMPLE_STAGES = {
     "sft": [{"data": str(DATA / "arithmetic_sft.jsonl")}],
     "reward": [{"data": str(DATA / "arithmetic_prefs.jsonl")}],
     "dpo": [{"data": str(DATA / "arithmetic_prefs.jsonl")}],
-    "grpo": [PROMPTS, *({**PROMPTS, "variant": v} for v in ("grpo", "dr_grpo", "dapo", "bnpo"))],
-    "gspo": [PROMPTS],
+    "kto": [{"data": str(DATA / "arithmetic_prefs.jsonl")}],
+    "grpo": [PROMPTS, *({**PROMPTS, "variant": v} for v in ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo",
+                                                            "vespo"))],
+    "gspo": [PROMPTS, {**PROMPTS, "variant": "luspo"}],
+    "rloo": [PROMPTS],
     "ppo": [PROMPTS],
     "eval": [{"data": str(DATA / "arithmetic_eval.jsonl")}],
 }

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from helpers import DATA, TINY_MODEL, forward_precision, precision_scale, stage_context, write_recipe
 
+pytestmark = pytest.mark.slow  # every test here builds or trains a model
+
 BATCH = 6
 
 

@@ -123,6 +123,7 @@ def mutate(tree: dict, rng: random.Random) -> tuple[dict, str]:
 MUTATIONS = 240
 
 
+@pytest.mark.slow
 def test_seeded_mutations_never_produce_a_traceback(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # shipped recipes name data relative to the checkout
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

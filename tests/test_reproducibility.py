@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from helpers import DATA, metrics, run_cli, write_recipe
 
 VOLATILE = {"time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "elapsed",
@@ -12,6 +13,7 @@ def comparable(rows):
     return [{k: v for k, v in row.items() if k not in VOLATILE} for row in rows]
 
 
+@pytest.mark.slow
 def test_two_runs_log_identical_metrics(in_tmp, tiny_model_dir):
     stage = {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),
              "train": {"max_steps": 8, "logging_steps": 2, "per_device_train_batch_size": 8, "learning_rate": 1e-3}}
@@ -25,6 +27,7 @@ def test_two_runs_log_identical_metrics(in_tmp, tiny_model_dir):
     assert comparable(metrics(third / "sft")) != first  # the seed matters, so the equality above means something
 
 
+@pytest.mark.slow
 def test_from_lock_reruns_the_recorded_recipe(in_tmp, tiny_model_dir):
     stage = {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),
              "train": {"max_steps": 4, "logging_steps": 2, "per_device_train_batch_size": 8}}

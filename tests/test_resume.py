@@ -24,12 +24,15 @@ import torch
 from helpers import DATA, done, metrics, run_cli, snapshot, write_recipe
 from safetensors.torch import load_file
 
+pytestmark = pytest.mark.slow  # every test here builds or trains a model
+
 PROMPTS = str(DATA / "arithmetic_prompts.jsonl")
 PREFS = {"path": str(DATA / "arithmetic_prefs.jsonl"), "limit": 160}
 INIT = {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),
         "train": {"max_steps": 2, "per_device_train_batch_size": 8, "learning_rate": 2e-3, "logging_steps": 1}}
 STEPS = 8
-# The stage under test, named "x", starting from the SFT stage (so DPO, GRPO and PPO have a reference to keep).
+# The stage under test, named "x", starting from the SFT stage (so DPO, KTO, GRPO, RLOO and PPO have a reference
+# to keep).
 STAGES = {
     "sft": {"type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),
             "train": {"per_device_train_batch_size": 8, "learning_rate": 1e-3}},
@@ -43,6 +46,11 @@ STAGES = {
     "gspo": {"type": "gspo", "data": PROMPTS, "rewards": ["exact_match", "varied.py:varied"],
              "train": {"per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 4,
                        "temperature": 1.0, "learning_rate": 1e-3, "save_steps": 4}},
+    "kto": {"type": "kto", "data": PREFS, "eval_fraction": 0, "train": {"per_device_train_batch_size": 8,
+                                                                         "learning_rate": 1e-3}},
+    "rloo": {"type": "rloo", "data": PROMPTS, "rewards": ["exact_match", "varied.py:varied"],
+             "train": {"per_device_train_batch_size": 16, "num_generations": 4, "max_completion_length": 4,
+                       "temperature": 1.0, "learning_rate": 1e-3}},
     "ppo": {"type": "ppo", "data": PROMPTS, "rewards": ["exact_match", "varied.py:varied"],
             "train": {"per_device_train_batch_size": 8, "num_mini_batches": 2, "num_ppo_epochs": 2,
                       "response_length": 4, "learning_rate": 1e-3}},

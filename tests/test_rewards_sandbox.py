@@ -57,6 +57,7 @@ def test_passing_and_failing_code():
 
 @pytest.mark.parametrize("code", ["while True:\n    pass", "import time\ntime.sleep(60)",
                                   "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: pass"])
+@pytest.mark.slow
 def test_hang_is_killed_at_the_time_limit(code):
     result = contained(code)
     assert result.status == "timeout" and result.score() == 0.0
@@ -77,6 +78,7 @@ def test_fork_is_refused_by_the_hook():
     assert result.score() == 0.0 and "not allowed" in result.detail
 
 
+@pytest.mark.slow
 def test_fork_bomb_is_contained_by_the_os():
     plan = isolation()
     if not plan.prefix and plan.drop_to is None and os.geteuid() == 0:
@@ -120,6 +122,7 @@ def reached(server: socket.socket) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_network_is_refused(listener):
     port = listener.getsockname()[1]
     code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=0.5).sendall(b'hi')"
@@ -140,6 +143,7 @@ def test_network_when_allowed(listener):
     assert reached(listener)
 
 
+@pytest.mark.slow
 def test_a_bad_batch_never_stops_training(caplog):
     reward = LoadedReward(fn=code_exec(time_limit=LIMIT, workers=4), name="code_exec")
     guarded = guard_reward(reward, RewardStats())

@@ -1,4 +1,5 @@
-"""The GRPO and GSPO objectives of the reference page, computed here from scratch on a fixed small batch and
+"""The GRPO and GSPO objectives of the reference page, and of the kit's other GRPO presets (CISPO, SAPO, VESPO) and
+GSPO's LUSPO variant as their papers and TRL define them, computed here from scratch on a fixed small batch and
 compared with what the trainer the kit builds (the real `build_trainer`, after Unsloth's patching) computes.
 
 A TRL or Unsloth change that alters an advantage, a ratio, the clipping or the aggregation fails here. Every test runs
@@ -23,6 +24,8 @@ from kitcli.context import StageContext
 from kitcli.recipe import load_recipe
 from kitcli.stages import grpo, gspo
 from kitcli.trainers import is_unsloth_class
+
+pytestmark = pytest.mark.slow  # every test here builds or trains a model
 
 GROUPS = 2
 G = 4  # completions per prompt
@@ -50,7 +53,10 @@ def build(tmp_path: Path, stage_type: str, train: dict | None = None, variant: s
         stage["variant"] = variant
     recipe = load_recipe(str(write_recipe(tmp_path / "r.yaml", [stage])))
     ctx = StageContext(recipe, recipe.stage("rl"), tmp_path / "run", Console(quiet=True), {})
-    preset = gspo.GSPO_PRESET if stage_type == "gspo" else grpo.VARIANTS[variant or grpo.DEFAULT_VARIANT]
+    if stage_type == "gspo":
+        preset = gspo.VARIANTS[variant or gspo.DEFAULT_VARIANT]
+    else:
+        preset = grpo.VARIANTS[variant or grpo.DEFAULT_VARIANT]
     trainer, _, _ = grpo.build_trainer(ctx, preset)
     assert is_unsloth_class(type(trainer)) == (os.environ["KIT_TRAINERS"] == "unsloth"), type(trainer)
     return trainer
@@ -101,11 +107,12 @@ def loss_and_grads(loss: torch.Tensor, model) -> tuple[float, list[torch.Tensor]
     return loss.item(), [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
 
 
-def assert_same(trl: tuple[float, list], ours: tuple[float, list]) -> None:
+def assert_same(trl: tuple[float, list], ours: tuple[float, list], magnitude: float = 1.0) -> None:
+    """`magnitude`: how many times larger than a mean over tokens the loss's terms are (its float32 rounding too)."""
     scale = precision_scale()  # 1 on a CPU
-    assert trl[0] == pytest.approx(ours[0], rel=1e-4 * scale, abs=1e-7 * scale)
+    assert trl[0] == pytest.approx(ours[0], rel=1e-4 * scale, abs=1e-7 * scale * magnitude)
     for a, b in zip(trl[1], ours[1]):
-        torch.testing.assert_close(a, b, rtol=1e-3 * scale, atol=1e-7 * scale)
+        torch.testing.assert_close(a, b, rtol=1e-3 * scale, atol=1e-7 * scale * magnitude)
 
 
 def test_group_z_score_advantage(tmp_path):
@@ -218,3 +225,101 @@ def test_dapo_masks_truncated_completions(tmp_path):
     assert truncated.any()
     assert (batch["completion_mask"][truncated] == 0).all()
     assert (batch["completion_mask"][~truncated][:, 0] == 1).all()
+
+
+# --- the other presets: CISPO, SAPO, VESPO (grpo) and LUSPO (gspo) ----------------------------------------------
+
+
+def test_cispo_clips_the_detached_weight_not_the_update(tmp_path):
+    """CISPO (MiniMax-M1): per token -sg(min(r, eps_max)) A log pi, with eps_max = epsilon_high (5.0, ScaleRL) and no
+    lower bound on r; summed over all tokens / number of tokens, like DAPO."""
+    trainer = build(tmp_path, "grpo", variant="cispo")
+    config = trainer.args
+    assert (config.loss_type, config.epsilon_high, config.beta, config.importance_sampling_level) == (
+        "cispo", 5.0, 0.0, "token")
+    batch, _ = with_old_logps(trainer, generation_batch(trainer), spread=2.5)  # token ratios from 0.08 to 12
+    mask = batch["completion_mask"].float()
+    logps = policy_logps(trainer.model, batch)
+    ratio = torch.exp(logps - batch["old_per_token_logps"])
+    weight = torch.clamp(ratio, max=config.epsilon_high).detach()
+    terms = -weight * batch["advantages"].unsqueeze(1) * logps * mask
+    ours = terms.sum() / mask.sum()
+    capped = ((ratio > config.epsilon_high) & (mask > 0)).float().sum() / mask.sum()
+    assert 0 < capped < 1, "some token weights must be capped, not all"
+    assert (((ratio < 1 - config.epsilon) & (mask > 0)).sum() > 0), "low ratios are kept as they are (no lower clip)"
+
+    # The per-token terms (up to 5 x |A| x |log pi|) are far larger than their mean, which cancels to about 1e-3;
+    # their float32 rounding is what a second computation of the same sum may differ by.
+    assert_same(loss_and_grads(trainer.compute_loss(trainer.model, batch), trainer.model),
+                loss_and_grads(ours, trainer.model), magnitude=terms.detach().abs().max().item())
+
+
+def test_sapo_soft_gate(tmp_path):
+    """SAPO: per token -(4 / tau) sigmoid(tau (r - 1)) A, tau = sapo_temperature_pos (1.0) for A > 0 and
+    sapo_temperature_neg (1.05) otherwise; per-sequence mean, then mean over sequences (as GRPO)."""
+    trainer = build(tmp_path, "grpo", variant="sapo")
+    config = trainer.args
+    assert (config.loss_type, config.sapo_temperature_pos, config.sapo_temperature_neg) == ("sapo", 1.0, 1.05)
+    batch, _ = with_old_logps(trainer, generation_batch(trainer), spread=0.6)
+    mask = batch["completion_mask"].float()
+    advantages = batch["advantages"].unsqueeze(1)
+    assert (advantages > 0).any() and (advantages < 0).any(), "both temperatures must be used"
+    logps = policy_logps(trainer.model, batch)
+    ratio = torch.exp(logps - batch["old_per_token_logps"])
+    tau = torch.where(advantages > 0, torch.tensor(1.0), torch.tensor(1.05))
+    gate = torch.sigmoid(tau * (ratio - 1)) * 4 / tau
+    ours = -((gate * advantages * mask).sum(1) / mask.sum(1)).mean()
+
+    assert_same(loss_and_grads(trainer.compute_loss(trainer.model, batch), trainer.model),
+                loss_and_grads(ours, trainer.model))
+
+
+def test_vespo_gamma_weight_of_the_sequence_ratio(tmp_path):
+    """VESPO: w_i = prod_t r_i,t (the sequence's importance weight), phi(w) = e^lam w^k e^(-lam w) (phi(1) = 1) with
+    (k, lam) = (2, 3) for A >= 0 and (3, 2) for A < 0, detached; per token -phi(w_i) A_i log pi, summed over all
+    tokens / number of tokens."""
+    trainer = build(tmp_path, "grpo", variant="vespo")
+    config = trainer.args
+    assert (config.loss_type, config.importance_sampling_level) == ("vespo", "token")
+    assert (config.vespo_k_pos, config.vespo_lambda_pos, config.vespo_k_neg, config.vespo_lambda_neg) == (
+        2.0, 3.0, 3.0, 2.0)
+    offsets = torch.linspace(-0.6, 0.6, GROUPS * G)  # sequence weights well away from 1, on both sides
+    batch, _ = with_old_logps(trainer, generation_batch(trainer), spread=0.1, offsets=offsets)
+    mask = batch["completion_mask"].float()
+    advantages = batch["advantages"].unsqueeze(1)
+    logps = policy_logps(trainer.model, batch)
+    with torch.no_grad():
+        w = torch.exp(((logps - batch["old_per_token_logps"]) * mask).sum(1, keepdim=True))
+        k = torch.where(advantages >= 0, torch.tensor(2.0), torch.tensor(3.0))
+        lam = torch.where(advantages >= 0, torch.tensor(3.0), torch.tensor(2.0))
+        phi = torch.exp(lam) * w ** k * torch.exp(-lam * w)
+    assert (phi - 1).abs().max() > 0.1, "the weights must differ from the on-policy 1"
+    ours = (-phi * advantages * logps * mask).sum() / mask.sum()
+
+    assert_same(loss_and_grads(trainer.compute_loss(trainer.model, batch), trainer.model),
+                loss_and_grads(ours, trainer.model))
+
+
+def test_luspo_scales_each_sequence_term_by_its_length(tmp_path):
+    """LUSPO: GSPO's sequence ratio s_i and clipped objective, each sequence's term times its length |o_i|:
+    L = -1/G sum_i |o_i| min(s_i A_i, clip(s_i, 1-eps, 1+eps_high) A_i)."""
+    trainer = build(tmp_path, "gspo", variant="luspo", train={"per_device_train_batch_size": GROUPS * G // 4})
+    config = trainer.args
+    assert (config.importance_sampling_level, config.loss_type, config.beta, config.epsilon, config.epsilon_high) == (
+        "sequence", "luspo", 0.0, 3e-4, 4e-4)
+    offsets = torch.linspace(-1.5e-3, 1.5e-3, GROUPS * G)
+    batch, _ = with_old_logps(trainer, generation_batch(trainer), spread=5e-4, offsets=offsets)
+    mask = batch["completion_mask"].float()
+    advantages = batch["advantages"]
+    logps = policy_logps(trainer.model, batch)
+    sequence_ratio = torch.exp(((logps - batch["old_per_token_logps"]) * mask).sum(1) / mask.sum(1))
+    ours = -(mask.sum(1) * clipped(sequence_ratio, advantages, config.epsilon, config.epsilon_high)).mean()
+    outside = ((sequence_ratio < 1 - config.epsilon) & (advantages < 0)) | (
+        (sequence_ratio > 1 + config.epsilon_high) & (advantages > 0))
+    assert 0 < outside.float().mean() < 1, "the batch must exercise the sequence-level clipping"
+
+    # The terms are up to |o_i| times GSPO's, and so is their float32 rounding. (Not the trainer's loss divided by
+    # the length instead: Unsloth's compiled loss ignores the gradient flowing into it, so a scaled loss keeps its
+    # unscaled gradient.)
+    assert_same(loss_and_grads(trainer.compute_loss(trainer.model, batch), trainer.model),
+                loss_and_grads(ours, trainer.model), magnitude=config.max_completion_length)

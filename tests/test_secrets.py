@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from helpers import DATA, run_cli, write_recipe
 
 HF = "hf_kitTestSecretValue0123456789"
@@ -9,6 +10,7 @@ WANDB = "wandb-kit-secret-0123456789abcdef"
 HUB = "hf_recipeHubTokenSecret987"
 
 
+@pytest.mark.slow
 def test_tokens_stay_out_of_every_file_and_the_output(in_tmp, tiny_model_dir, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", HF)
     monkeypatch.setenv("WANDB_API_KEY", WANDB)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from helpers import DATA, done, metrics, run_cli, write_recipe
 from safetensors.torch import load_file
@@ -16,6 +17,7 @@ def sft_recipe(path, **train):
     return write_recipe(path, [stage])
 
 
+@pytest.mark.slow
 def test_sft_trains_saves_and_reloads(in_tmp, tiny_model_dir):
     recipe = sft_recipe(in_tmp / "sft.yaml")
     result = run_cli("run", recipe, "--output", in_tmp / "run")
@@ -58,6 +60,7 @@ def test_dry_run_prints_resolved_trl_values(in_tmp):
     assert not (in_tmp / "runs").exists()  # a dry run writes nothing
 
 
+@pytest.mark.slow
 def test_kit_sft_command_runs_one_stage(in_tmp, tiny_model_dir):
     run_cli("sft", "--model", "tiny", "--data", DATA / "arithmetic_sft.jsonl", "--output", in_tmp / "one",
             "--set", "stages.sft.train.max_steps=3", "--set", "lora.r=4", "--set", "model.max_seq_length=128",

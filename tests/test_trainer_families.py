@@ -21,6 +21,8 @@ from helpers import DATA, TINY_MODEL, forward_precision, metrics, precision_scal
 
 from kitcli.trainers import is_unsloth_class
 
+pytestmark = pytest.mark.slow  # every test here builds or trains a model
+
 SFT = {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),
        "train": {"max_steps": 4, "per_device_train_batch_size": 8, "learning_rate": 3e-3, "logging_steps": 2}}
 PROMPTS = str(DATA / "arithmetic_prompts.jsonl")

@@ -123,7 +123,7 @@ def estimate(arch: Architecture, s: Settings, gpu_bytes: float | None = None) ->
     parts += adapter_components(arch, s)
     micro = s.per_device_train_batch_size
     if s.pairs:
-        micro *= 2  # chosen and rejected go through the model together
+        micro *= s.spec.section.sequences_per_row  # DPO: chosen and rejected go through the model together
     tokens = micro * s.seq_len
     parts.append(Component(f"activations ({micro} sequences x {s.seq_len} tokens, gradient checkpointing "
                            f"{s.checkpointing})", activation_bytes(arch, tokens, s.checkpointing, act), "train"))

@@ -12,6 +12,24 @@ The sequence ratio only matters off-policy. When `gradient_accumulation_steps` i
 `steps_per_generation * num_iterations` every update is on-policy, the ratio is exactly 1 and the stage would be
 plain GRPO with sequence weighting; the kit refuses that unless the stage sets `allow_on_policy: true`.
 Everything else (rewards, reward_model, init, train overrides) is as in the GRPO stage.
+
+`variant:` picks the sequence-level objective; each sets every field that decides it:
+
+    variant  loss_type  importance_sampling  beta  epsilon  epsilon_high  steps_per_gen  aggregation
+    gspo     grpo       sequence             0.0   3e-4     4e-4          4              mean over sequences of
+                                                                                         min(s_i A_i, clip(s_i) A_i)
+    luspo    luspo      sequence             0.0   3e-4     4e-4          4              the same objective, each
+                                                                                         sequence's term times its
+                                                                                         length |o_i| (mean over
+                                                                                         sequences of |o_i| min(...))
+
+(both: scale_rewards group, mask_truncated_completions false, gradient_accumulation_steps 1, and the soft-gate
+knobs of kitcli/stages/grpo.py's base). LUSPO keeps GSPO's ratio, clip range and schedule and only removes GSPO's
+bias towards short completions (a sequence's term no longer shrinks with its length). LUSPO needs the
+sequence-level ratio; a grpo stage with `loss_type: luspo` on token-level ratios is refused.
+
+Papers: GSPO, Zheng et al. 2025, Group Sequence Policy Optimization (arXiv 2507.18071), configuration from TRL's
+paper index; LUSPO, Liu et al. 2026, Length-Unbiased Sequence Policy Optimization (arXiv 2602.05261).
 """
 
 from __future__ import annotations
@@ -31,6 +49,8 @@ class GSPOSection(RewardedSection):
     """GSPO: GRPO with the importance ratio and clipping at the sequence level (the paper's configuration)."""
 
     type: Literal["gspo"]
+    variant: Literal["gspo", "luspo"] = Field("gspo", description="The objective: gspo, or luspo (each sequence's "
+                                                                  "term scaled by its length)")
     allow_on_policy: bool = Field(False, description="Run on-policy settings anyway (the sequence ratio is then 1).")
     config: ClassVar[str] = "GRPOConfig"
     reserved: ClassVar[dict[str, str]] = {**RESERVED_TRAIN, "reward_weights": "each reward's weight: gives it"}
@@ -47,6 +67,16 @@ GSPO_PRESET: dict[str, Any] = {
     "gradient_accumulation_steps": 1,
     "steps_per_generation": 4,
 }
+VARIANTS: dict[str, dict[str, Any]] = {"gspo": GSPO_PRESET, "luspo": {**GSPO_PRESET, "loss_type": "luspo"}}
+DEFAULT_VARIANT = "gspo"
+
+
+def variant_name(ctx: StageContext) -> str:
+    return ctx.stage.get("variant") or DEFAULT_VARIANT
+
+
+def preset(ctx: StageContext) -> dict[str, Any]:
+    return VARIANTS[variant_name(ctx)]
 
 
 def check_off_policy(ctx: StageContext) -> None:
@@ -56,7 +86,7 @@ def check_off_policy(ctx: StageContext) -> None:
                        f"ratios use a stage of type grpo")
     if ctx.stage.get("allow_on_policy"):
         return
-    values = {**grpo.stage_defaults(ctx, GSPO_PRESET), **train}
+    values = {**grpo.stage_defaults(ctx, preset(ctx)), **train}
     accumulation = values["gradient_accumulation_steps"]
     iterations = values["num_iterations"]
     if values.get("generation_batch_size") is not None:  # TRL: generation batch / (per device batch x processes)
@@ -74,18 +104,18 @@ def check_off_policy(ctx: StageContext) -> None:
 
 def describe(ctx: StageContext) -> dict[str, Any]:
     check_off_policy(ctx)
-    return grpo.describe_stage(ctx, GSPO_PRESET, {"method": "gspo", "allow_on_policy": ctx.stage.get(
-        "allow_on_policy", False)})
+    return grpo.describe_stage(ctx, preset(ctx), {"method": "gspo", "variant": variant_name(ctx),
+                                                  "allow_on_policy": ctx.stage.get("allow_on_policy", False)})
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
     check_off_policy(ctx)
-    return grpo.train_stage(ctx, GSPO_PRESET, {"method": "gspo"})
+    return grpo.train_stage(ctx, preset(ctx), {"method": "gspo", "variant": variant_name(ctx)})
 
 
 SPEC = StageSpec(
     type="gspo", module=__name__, section=GSPOSection,
-    summary="GRPO with importance_sampling_level sequence and the paper's configuration",
+    summary="GRPO with importance_sampling_level sequence and the paper's configuration (variant gspo or luspo)",
     output="policy", init_from=("policy",), trainer="grpo", metrics=grpo.RL_METRICS, panels=grpo.RL_PANELS, rl=True,
     launcher="data parallel (TRL GRPOTrainer)", memory_settings=grpo.RL_MEMORY,
-    defaults=lambda ctx, on_gpu=None: grpo.stage_defaults(ctx, GSPO_PRESET, on_gpu), rows=grpo.load_rows)
+    defaults=lambda ctx, on_gpu=None: grpo.stage_defaults(ctx, preset(ctx), on_gpu), rows=grpo.load_rows)

@@ -45,6 +45,8 @@ DEFAULT_EVAL_FRACTION = 0.1
 class PreferenceSection(TrainingSection):
     """A stage trained on preference pairs (reward model, DPO), with an eval split."""
 
+    sequences_per_row: ClassVar[int] = 2  # chosen and rejected go through the model together (kit plan)
+
     eval_data: DataSpec | None = Field(None, description="Held-out pairs (instead of eval_fraction).")
     eval_fraction: Annotated[float, Field(ge=0, lt=1)] | None = Field(
         None, description=f"Share of the pairs held out at random (default {DEFAULT_EVAL_FRACTION}; 0: none).")

@@ -1,0 +1,145 @@
+"""KTO's loss (kitcli/stages/kto.py) computed here from scratch on a fixed small batch and compared with what the
+KTOTrainer the kit builds computes, on TRL's trainer and on Unsloth's generated one (forced on the CPU).
+
+With sequence log-probabilities summed over the completion's tokens, r = log pi(y | x) - log pi_ref(y | x), and the
+reference point z0 = max(0, mean_i (log pi(y'_i | x_i) - log pi_ref(y'_i | x_i))) over mismatched pairs (each prompt
+with the completion of the previous row of its batch):
+    desirable:   desirable_weight   * (1 - sigmoid(beta * (r - z0)))
+    undesirable: undesirable_weight * (1 - sigmoid(beta * (z0 - r)))
+and the loss is the mean over the batch's rows. Log-probabilities here come from plain forward passes, one unpadded
+sequence at a time; the reference is a separately loaded copy of the base model (the stage has no `init:`).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import DATA, TINY_MODEL, precision_scale, stage_context, write_recipe
+from test_preference_formulas import built_by, completion_logprob
+
+pytestmark = pytest.mark.slow  # every test here builds a model
+
+BATCH = 8
+BETA, DESIRABLE, UNDESIRABLE = 0.3, 1.5, 0.7  # not the defaults: the test sees that train: reaches the loss
+
+
+@pytest.fixture(autouse=True)
+def family(trainer_family) -> str:
+    return trainer_family
+
+
+def kto_trainer(in_tmp, family: str, **train):
+    from kitcli.stages import kto
+
+    stage = {"name": "kto", "type": "kto", "data": {"path": str(DATA / "arithmetic_prefs.jsonl"), "limit": 16},
+             "eval_fraction": 0,
+             "train": {"beta": BETA, "desirable_weight": DESIRABLE, "undesirable_weight": UNDESIRABLE,
+                       "per_device_train_batch_size": BATCH, "max_steps": 1, **train}}
+    ctx = stage_context(write_recipe(in_tmp / "r.yaml", [stage]), "kto", in_tmp / "run")
+    trainer, loaded, reference = kto.build_trainer(ctx)
+    built_by(trainer, family)
+    assert "ref" in reference or "starting" in reference, reference
+    return trainer
+
+
+def move_policy(model, size: float, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".default." in name and "lora_B" in name:
+                param.add_(size * torch.randn(param.shape, generator=generator).to(param))
+
+
+def base_model():
+    from kitcli.backend import load_policy
+
+    return load_policy("tiny", max_seq_length=TINY_MODEL["max_seq_length"], load_in_4bit=True, lora=None,
+                       dtype="float32", trainable=False, log=lambda _: None).model
+
+
+def by_hand(policy, reference, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the KTO loss, the unclamped KL estimate) from one forward pass per sequence."""
+    policy.eval()
+    with torch.no_grad():
+        def ratio(prompt, completion):
+            return completion_logprob(policy, prompt, completion) - completion_logprob(reference, prompt, completion)
+
+        kl = torch.stack([ratio(r["prompt_ids"], r["KL_completion_ids"]) for r in rows]).mean()
+        z0 = kl.clamp(min=0)
+        losses = []
+        for row in rows:
+            r = ratio(row["prompt_ids"], row["completion_ids"])
+            if row["label"]:
+                losses.append(DESIRABLE * (1 - torch.sigmoid(BETA * (r - z0))))
+            else:
+                losses.append(UNDESIRABLE * (1 - torch.sigmoid(BETA * (z0 - r))))
+    return torch.stack(losses).mean(), kl
+
+
+def test_kto_loss_is_the_reference_formula(in_tmp, family):
+    trainer = kto_trainer(in_tmp, family)
+    rows = [trainer.train_dataset[i] for i in range(BATCH)]
+    labels = [bool(r["label"]) for r in rows]
+    assert any(labels) and not all(labels), "the batch must hold both kinds of rows"
+    # the mismatched completions: each row's prompt with the previous row's completion, cyclically in the batch
+    assert [r["KL_completion_ids"] for r in rows] == [rows[i - 1]["completion_ids"] for i in range(BATCH)]
+    model = trainer.model
+    reference = base_model()
+    # move the policy until the KL estimate is positive, so that z0 is not just the floor 0
+    for seed in range(20):
+        move_policy(model, 0.05, seed)
+        expected, kl = by_hand(model, reference, rows)
+        if kl > 1e-3:
+            break
+    assert kl > 1e-3, "no perturbation gave a positive KL estimate; the z0 term would be untested"
+    with torch.no_grad():
+        trl_loss = trainer.compute_loss(model, trainer.data_collator(rows)).item()
+    assert trainer._metrics["eval"]["kl"][-1] == pytest.approx(kl.item(), rel=1e-4 * precision_scale())
+    assert abs(trl_loss - expected.item()) < 1e-5 * precision_scale(), (trl_loss, expected.item())
+    # and z0 matters: the same loss with z0 = 0 is another number
+    with torch.no_grad():
+        assert abs(expected.item() - by_hand_without_z0(model, reference, rows)) > 1e-5
+
+
+def by_hand_without_z0(policy, reference, rows: list[dict]) -> float:
+    losses = []
+    for row in rows:
+        r = (completion_logprob(policy, row["prompt_ids"], row["completion_ids"])
+             - completion_logprob(reference, row["prompt_ids"], row["completion_ids"]))
+        weight, sign = (DESIRABLE, 1) if row["label"] else (UNDESIRABLE, -1)
+        losses.append(weight * (1 - torch.sigmoid(sign * BETA * r)))
+    return torch.stack(losses).mean().item()
+
+
+def test_kto_reference_is_the_starting_policy_not_the_base(in_tmp, family):
+    """With `init:`, the frozen reference holds the starting adapter: at the start of the stage every implied reward
+    r = log pi - log pi_ref is 0, so every row's loss is weight * (1 - sigmoid(0)) = weight / 2."""
+    from kitcli.backend import load_policy, save_model
+
+    init_dir = in_tmp / "run" / "sft"
+    start = load_policy("tiny", max_seq_length=TINY_MODEL["max_seq_length"], load_in_4bit=True,
+                        lora={"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
+                        dtype="float32", log=lambda _: None)
+    move_policy(start.model, 0.3, 0)  # an init adapter far from the base
+    save_model(start.model, start.tokenizer, init_dir)
+    (init_dir / "DONE").write_text("{}")
+
+    from kitcli.stages import kto
+
+    stages = [{"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl")},
+              {"name": "kto", "type": "kto", "init": "sft",
+               "data": {"path": str(DATA / "arithmetic_prefs.jsonl"), "limit": 16}, "eval_fraction": 0,
+               "train": {"beta": BETA, "desirable_weight": DESIRABLE, "undesirable_weight": UNDESIRABLE,
+                         "per_device_train_batch_size": BATCH, "max_steps": 1}}]
+    recipe = write_recipe(in_tmp / "r.yaml", stages,
+                          lora={"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]})
+    trainer, _, _ = kto.build_trainer(stage_context(recipe, "kto", in_tmp / "run"))
+    built_by(trainer, family)
+    rows = [trainer.train_dataset[i] for i in range(BATCH)]
+    with torch.no_grad():
+        loss = trainer.compute_loss(trainer.model, trainer.data_collator(rows)).item()
+    at_start = sum(DESIRABLE / 2 if r["label"] else UNDESIRABLE / 2 for r in rows) / BATCH
+    assert loss == pytest.approx(at_start, abs=1e-6 * precision_scale())
+    # against the base instead, the loss would differ: the init adapter moved the policy
+    expected_vs_base, _ = by_hand(trainer.model, base_model(), rows)
+    assert abs(expected_vs_base.item() - at_start) > 1e-4
