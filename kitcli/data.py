@@ -44,7 +44,53 @@ def read_rows(spec: dict[str, Any], where: str) -> list[dict[str, Any]]:
         rows = [{columns.get(k, k): v for k, v in row.items()} for row in rows]
     if spec.get("limit"):
         rows = rows[: spec["limit"]]
+    if spec.get("chat"):
+        rows = as_conversations(rows)
+    check_conversations(rows, where, spec["path"])
     return rows
+
+
+# --- conversations ----------------------------------------------------------------------------------------------
+
+ROLES = ("system", "user", "assistant", "tool")
+CONVERSATION_COLUMNS = ("prompt", "completion", "chosen", "rejected", "messages")
+
+
+def as_conversations(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`chat: true`: plain-string columns in TRL's conversational format, so that an instruct model's chat template
+    formats them (a string prompt skips the template): `prompt` becomes a user turn, `completion` / `chosen` /
+    `rejected` an assistant turn. Columns that are conversations already are kept; other columns (e.g. `answer`)
+    are untouched."""
+    out = []
+    for row in rows:
+        row = dict(row)
+        if isinstance(row.get("prompt"), str):
+            row["prompt"] = [{"role": "user", "content": row["prompt"]}]
+        for key in ("completion", "chosen", "rejected"):
+            if isinstance(row.get(key), str):
+                row[key] = [{"role": "assistant", "content": row[key]}]
+        out.append(row)
+    return out
+
+
+def check_conversations(rows: list[dict[str, Any]], where: str, path: str) -> None:
+    """Every message of a conversational column is a mapping with a known role and a string content."""
+    for number, row in enumerate(rows, start=1):
+        for key in CONVERSATION_COLUMNS:
+            messages = row.get(key)
+            if not isinstance(messages, list):
+                continue
+            for index, message in enumerate(messages):
+                at = f"{where}: row {number} of '{path}', {key}[{index}]"
+                if not isinstance(message, dict):
+                    raise KitError(f"{at} is {type(message).__name__} {message!r:.60}; a message is a mapping "
+                                   f"{{role: ..., content: ...}}")
+                role = message.get("role")
+                if role not in ROLES:
+                    raise KitError(f"{at} has role {role!r}; a message's role is one of {', '.join(ROLES)}")
+                if not isinstance(message.get("content"), str):
+                    what = "no content" if "content" not in message else f"content {message['content']!r:.60}"
+                    raise KitError(f"{at} has {what}; each message needs a string content")
 
 
 def read_file(path: Path) -> list[dict[str, Any]]:

@@ -200,6 +200,26 @@ def check_unsloth() -> Check:
                  else backend, "a CUDA GPU enables Unsloth's GPU backend" if backend == "unsloth-cpu" else "")
 
 
+def check_named_models() -> list[Check]:
+    """Whether each named real model (`model: smollm2-135m`) can load here, offline."""
+    from kitcli import gguf
+
+    checks = []
+    for name, model in gguf.NAMED_MODELS.items():
+        path = gguf.named_model_file(name)
+        if path is None:
+            checks.append(Check(f"model {name}", "warn", "not installed (optional): a real model to run offline",
+                                model.install))
+        elif version_of("gguf") is None:
+            checks.append(Check(f"model {name}", "warn", f"{path.name} is here, but reading it needs the gguf "
+                                                        f"package", gguf.GGUF_INSTALL))
+        else:
+            converted = gguf.converted_dir(gguf.file_sha256(path))
+            state = f"converted in {converted}" if converted.is_dir() else "converted on first use (about 30 s)"
+            checks.append(Check(f"model {name}", "ok", f"{path.name} ({path.stat().st_size / 2**20:.0f} MiB), {state}"))
+    return checks
+
+
 def check_vllm() -> Check:
     version = version_of("vllm")
     if version is None:
@@ -248,7 +268,7 @@ def check_offline() -> Check:
 
 def run_checks() -> list[Check]:
     checks = [check_python(), *check_torch(), *check_libraries(), check_bitsandbytes_4bit(), check_unsloth(),
-              check_vllm(), *check_versions(), *check_disk(), check_offline()]
+              check_vllm(), *check_named_models(), *check_versions(), *check_disk(), check_offline()]
     return checks
 
 

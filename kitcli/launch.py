@@ -71,7 +71,8 @@ def check_request(recipe, *, num_processes: int, deepspeed: str | None, fsdp: bo
             why = spec.launcher_refusal or "it does not run under --launcher"
             raise KitError(f"{recipe.source}: stage '{stage['name']}': {why}")
     sharded = (deepspeed == "zero3") or fsdp
-    if sharded and recipe.data["model"]["load_in_4bit"] and recipe.data["lora"] is not None:
+    four_bit = recipe.data["model"]["load_in_4bit"] is not False and not cpu  # unset: 4-bit on GPUs
+    if sharded and four_bit and recipe.data["lora"] is not None:
         raise KitError(f"{'--deepspeed zero3' if deepspeed else '--fsdp'} shards the weights, which bitsandbytes "
                        f"4-bit weights do not support here; add --set model.load_in_4bit=false (16-bit LoRA), or "
                        f"use --deepspeed zero2 / plain data parallel with 4-bit")

@@ -27,7 +27,7 @@ DEFAULT_LORA = {
 }
 DEFAULT_MODEL = {
     "max_seq_length": 1024,
-    "load_in_4bit": True,
+    "load_in_4bit": None,  # 4-bit on a GPU, 16-bit on a CPU (kitcli/backend.py: four_bit)
     "backend": "auto",
     "dtype": "auto",
     "trust_remote_code": False,

@@ -13,6 +13,7 @@ from kitcli.backend import (
     choose_backend,
     count_parameters,
     cuda_available,
+    four_bit,
     is_peft_model,
     is_quantized,
     lora_from_adapter,
@@ -40,7 +41,7 @@ def load_reward_model(
     model_name: str,
     *,
     max_seq_length: int,
-    load_in_4bit: bool,
+    load_in_4bit: bool | None,
     lora: dict[str, Any] | None,
     backend: str = "auto",
     dtype: str = "auto",
@@ -60,7 +61,8 @@ def load_reward_model(
     """
     prepare_backend(choose_backend(backend))  # import unsloth first whenever the run's policies use it
     chosen = choose_backend(backend, task="seq_cls")
-    path = resolve_model_path(model_name, seed)
+    load_in_4bit = four_bit(load_in_4bit)
+    path = resolve_model_path(model_name, seed, log=log)
     adapter_dir = None
     if init_from is not None:
         init = StageDir(init_from)

@@ -3,6 +3,7 @@
     runs/<name>-<timestamp>/
       recipe.lock.yaml        the resolved recipe, package versions, seed, dataset fingerprints
       report.md, plots/       the run report (kitcli/report.py)
+      libraries.log           what torch, Unsloth, TRL ... printed (kept off the screen: kitcli/quiet.py)
       <stage>/
         config.json           the stage's effective trainer config
         metrics.jsonl         one JSON object per logging step; alarms.jsonl, completions.jsonl beside it
@@ -167,6 +168,10 @@ class RunDir:
     @property
     def plots(self) -> Path:
         return self.path / "plots"
+
+    @property
+    def library_log(self) -> Path:
+        return self.path / "libraries.log"
 
     def stage(self, name: str) -> StageDir:
         return StageDir(self.path / name)

@@ -26,7 +26,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from kitcli import __version__, dist, interrupt, registry
+from kitcli import __version__, dist, interrupt, quiet, registry
 from kitcli.context import StageContext
 from kitcli.dashboard import emit_json, stage_display
 from kitcli.data import fingerprint
@@ -67,10 +67,19 @@ def make_lock(recipe: Recipe) -> dict[str, Any]:
         "source": recipe.source,
         "seed": recipe.data["seed"],
         "datasets": dataset_fingerprints(recipe),
+        "model_file": model_file_fingerprint(recipe.data["model"]["name"]),
         "versions": package_versions(),
         "platform": f"{platform.system()} {platform.machine()}",
         "created": datetime.now().isoformat(timespec="seconds"),
     }
+
+
+def model_file_fingerprint(name: str) -> dict[str, str] | None:
+    """The GGUF file a run's model comes from, with its sha256 (None for other models)."""
+    from kitcli import gguf
+
+    source = None if name == "tiny" else gguf.source_file(name)
+    return None if source is None else {"path": str(source), "sha256": gguf.file_sha256(source)}
 
 
 def first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
@@ -91,8 +100,10 @@ def first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
 
 def same_run(lock: dict[str, Any], fresh: dict[str, Any]) -> str | None:
     """None when `lock` describes the same recipe and data as `fresh`, else the first key that differs."""
-    return first_difference({"recipe": lock.get("recipe"), "datasets": lock.get("datasets")},
-                            {"recipe": fresh["recipe"], "datasets": fresh["datasets"]})
+    return first_difference({"recipe": lock.get("recipe"), "datasets": lock.get("datasets"),
+                             "model_file": lock.get("model_file")},
+                            {"recipe": fresh["recipe"], "datasets": fresh["datasets"],
+                             "model_file": fresh.get("model_file")})
 
 
 def choose_run_dir(recipe: Recipe, output: str | None, lock: dict[str, Any]) -> Path:
@@ -182,6 +193,64 @@ def dry_run(recipe: Recipe, console: Console) -> None:
                       highlight=False, markup=False)
         console.print(yaml.safe_dump(resolved, sort_keys=False, default_flow_style=None).rstrip(),
                       highlight=False, markup=False)
+        example = formatted_example(recipe, stage)
+        if example:  # as YAML comments, so the dry run's output stays YAML
+            lines = "\n".join(f"#   {line}" for line in example.splitlines())
+            console.print(f"# row 1 as the model sees it:\n{lines}", highlight=False, markup=False, soft_wrap=True)
+
+
+def formatted_example(recipe: Recipe, stage: dict[str, Any]) -> str | None:
+    """The first row of a stage's data as its model will read it: after `chat:` and `system_prompt`, rendered with
+    the model's chat template when the tokenizer is on disk (the tiny model, a local directory, a converted GGUF);
+    otherwise the conversation itself. None for data the kit cannot read here (a hub dataset offline)."""
+    from kitcli.data import apply_system_prompt, read_rows
+
+    spec = stage.get("data")
+    if not isinstance(spec, dict) or not Path(spec["path"]).is_file():
+        return None
+    row = read_rows({**spec, "limit": 1}, stage["name"])[0]
+    if stage["type"] == "kto" and "chosen" in row and "completion" not in row:
+        row = {"prompt": row["prompt"], "completion": row["chosen"], "label": True}
+    kind = registry.spec(stage["type"])
+    generates = kind.rl or kind.evaluates  # the model sees the prompt only and writes the rest itself
+    keys = [k for k in (("prompt",) if generates else ("prompt", "completion", "chosen", "rejected", "messages",
+                                                         "text")) if k in row]
+    row = apply_system_prompt([{k: row[k] for k in keys}], stage.get("system_prompt"), stage["name"], spec["path"])[0]
+    tokenizer = local_tokenizer(recipe.data["model"]["name"])
+    if tokenizer is None or getattr(tokenizer, "chat_template", None) is None:
+        return yaml.safe_dump(row, sort_keys=False, allow_unicode=True).rstrip()
+    parts = []
+    if isinstance(row.get("messages"), list):
+        parts.append(tokenizer.apply_chat_template(row["messages"], tokenize=False))
+    elif "prompt" in row:
+        prompt = row["prompt"]
+        text = (tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+                if isinstance(prompt, list) else prompt)
+        reply = row.get("completion", row.get("chosen"))
+        if reply is not None:
+            text += reply[0]["content"] if isinstance(reply, list) else reply
+        parts.append(text)
+    else:
+        return yaml.safe_dump(row, sort_keys=False, allow_unicode=True).rstrip()
+    return "\n".join(parts).rstrip()
+
+
+def local_tokenizer(name: str):
+    """The model's tokenizer if it is on disk without converting or downloading anything, else None."""
+    from kitcli import gguf
+
+    if name == "tiny":
+        from kitcli.tiny import ensure_tiny_model
+
+        folder = ensure_tiny_model()
+    else:
+        source = gguf.source_file(name)
+        folder = gguf.converted_dir(gguf.file_sha256(source)) if source is not None else Path(name)
+    if not (folder / "tokenizer_config.json").is_file():
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
 
 
 def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Console) -> Path:
@@ -191,6 +260,9 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
         console = Console(quiet=True)
     lock = make_lock(recipe)
     run_dir = choose_run_dir(recipe, output, lock)
+    console.print(f"kit: checking {recipe.name}'s {len(recipe.stages)} stages against TRL's configs (loads torch, "
+                  f"TRL and Unsloth first; their messages go to {RunDir(run_dir).library_log})",
+                  highlight=False, markup=False)
     described = preflight(recipe, run_dir, console)
     lock["resolved"] = redact({s["name"]: d for s, d in zip(recipe.stages, described)})  # e.g. variant presets
     if main:
@@ -205,6 +277,7 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
         elif run_dir.exists() and any(run_dir.iterdir()) and not force:
             raise KitError(f"{run_dir} exists and is not a kit run directory; choose another --output")
         run_dir.mkdir(parents=True, exist_ok=True)
+        quiet.library_log(RunDir(run_dir).library_log)
         if existing is not None and not force and existing.get("rewritten by the trainer"):
             lock["rewritten by the trainer"] = existing["rewritten by the trainer"]  # finished stages keep theirs
         if existing is None or force or not same_resolution(existing, lock):

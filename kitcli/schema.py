@@ -19,7 +19,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from kitcli.errors import did_you_mean
+from kitcli.errors import KitError, did_you_mean
 
 DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
@@ -53,15 +53,31 @@ def base_dir_of(info: ValidationInfo) -> Path:
 
 
 def resolve_model_name(name: str, base_dir: Path) -> str:
-    """`tiny`, a hub id (`org/name`), or a local directory (made absolute)."""
+    """`tiny`, a named model (`smollm2-135m`), a hub id (`org/name`), a local directory or GGUF file (made
+    absolute). A GGUF file (or a directory holding one) and a named model are checked here: present, readable,
+    of an architecture and tensor types the kit can load."""
+    from kitcli import gguf
+
     if name == "tiny":
         return name
-    for candidate in (Path(name).expanduser(), base_dir / name):
-        if candidate.is_dir():
-            return str(candidate.resolve())
-    if looks_like_path(name) or Path(name).expanduser().exists():
-        raise fail(f"model path '{name}' does not exist; give an existing directory with config.json, a hub name "
-                   f"like 'unsloth/Qwen3-4B', or 'tiny'", where="")
+    try:
+        if name in gguf.NAMED_MODELS:
+            gguf.inspect_gguf(gguf.require_named_model(name, "model"), f"model {name}")
+            return name
+        for candidate in (Path(name).expanduser(), base_dir / name):
+            if candidate.is_dir():
+                inside = gguf.gguf_in(candidate)
+                if inside is not None:
+                    gguf.inspect_gguf(inside)
+                return str(candidate.resolve())
+            if gguf.is_gguf_name(name) and candidate.is_file():
+                gguf.inspect_gguf(candidate)
+                return str(candidate.resolve())
+    except KitError as error:
+        raise fail(str(error), where="") from None
+    if looks_like_path(name) or gguf.is_gguf_name(name) or Path(name).expanduser().exists():
+        raise fail(f"model path '{name}' does not exist; give an existing directory with config.json or a .gguf "
+                   f"file, a hub name like 'unsloth/Qwen3-4B', 'smollm2-135m' or 'tiny'", where="")
     return name
 
 
@@ -86,9 +102,11 @@ def resolve_data_path(path: str, base_dir: Path) -> str:
 class ModelSpec(Section):
     """The base model every stage starts from."""
 
-    name: str = Field(description="A hub name (org/model), a local model directory, or `tiny` (the embedded model).")
+    name: str = Field(description="A hub name (org/model), a local model directory or .gguf file, `smollm2-135m` (a "
+                                  "real 135M instruct model, installed offline) or `tiny` (the embedded model).")
     max_seq_length: Annotated[int, Field(gt=0)] = Field(1024, description="Longest sequence in tokens.")
-    load_in_4bit: bool = Field(True, description="Load the base in 4-bit (QLoRA).")
+    load_in_4bit: bool | None = Field(None, description="Load the base in 4-bit (QLoRA). Unset: 4-bit on a GPU, "
+                                                        "16-bit on a CPU (where it trains faster).")
     backend: Literal["auto", "unsloth", "transformers"] = Field("auto", description="Who loads the model.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Weight dtype.")
     trust_remote_code: bool = Field(False, description="Run the model repository's own Python code.")
@@ -122,6 +140,9 @@ class DataSpec(Section):
     columns: dict[str, str] = Field(default_factory=dict, description="Renames: {its_column: the_stage_column}.")
     limit: Annotated[int, Field(gt=0)] | None = Field(None, description="Use only the first N rows.")
     config: str | None = Field(None, description="Hub dataset configuration.")
+    chat: bool = Field(False, description="Turn plain-string prompt / completion / chosen / rejected columns into "
+                                          "TRL's conversational format (user and assistant turns), so an instruct "
+                                          "model's chat template formats them.")
 
     @model_validator(mode="before")
     @classmethod

@@ -68,6 +68,38 @@ def preference_rows(problems: list[dict], seed: int) -> list[dict]:
     return rows
 
 
+# --- word problems for a real model (smol-grpo): two-digit numbers, one or two steps, plain strings ---------------
+
+STEPS = ("gets {b} more", "gives {b} away", "gets {b} more and then gives {c} away")
+
+
+def harder_problem(rng: random.Random) -> dict:
+    """A word problem with two-digit numbers: a + b, a - b, or a + b - c (answers from 0 to 99)."""
+    name, thing, kind = rng.choice(NAMES), rng.choice(THINGS), rng.randrange(3)
+    a, b, c = rng.randint(10, 59), rng.randint(10, 39), rng.randint(2, 9)
+    if kind == 1:
+        a, b = max(a, b) + 10, min(a, b)
+    answer = a + b if kind == 0 else a - b if kind == 1 else a + b - c
+    step = STEPS[kind].format(b=b, c=c)
+    return {"question": f"{name} has {a} {thing} and {step}. How many {thing} does {name} have now?",
+            "answer": str(answer), "key": (kind, a, b, c)}
+
+
+def harder_problems(n_train: int, n_eval: int, seed: int = 7) -> tuple[list[dict], list[dict]]:
+    """(training, held-out) problems: the held-out ones use (a, b) number pairs that no training problem has."""
+    rng = random.Random(seed)
+    train, held_out = [], []
+    while len(train) < n_train or len(held_out) < n_eval:
+        problem = harder_problem(rng)
+        _, a, b, _ = problem.pop("key")
+        if (a * 31 + b * 17) % 20 < 3:  # a fixed 15% of the (a, b) pairs is held out
+            if len(held_out) < n_eval:
+                held_out.append(problem)
+        elif len(train) < n_train:
+            train.append(problem)
+    return train, held_out
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
@@ -83,6 +115,9 @@ def write_all(out_dir: Path) -> list[Path]:
         "arithmetic_prompts.jsonl": prompt_rows(word_problems(train, 400, seed=3)),
         "arithmetic_prefs.jsonl": preference_rows(word_problems(train, 1600, seed=4), seed=5),
     }
+    smol_train, smol_eval = harder_problems(1200, 100)
+    files["word_problems_train.jsonl"] = smol_train  # plain strings: question, answer (recipes add chat: true)
+    files["word_problems_eval.jsonl"] = smol_eval
     for name, rows in files.items():
         write_jsonl(out_dir / name, rows)
     return [out_dir / name for name in files]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from kitcli import quiet
 from kitcli.errors import KitError
 from kitcli.trl_config import canonical, same_value
 
@@ -157,7 +158,8 @@ def build_trainer(kind: str, loaded, *, args, reference: bool = False, log=print
     # it is unset is fp16 autocast, on a CPU too): say the config's, for this process's current trainer.
     os.environ["ACCELERATE_MIXED_PRECISION"] = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
     before = {key: canonical(getattr(args, key, None)) for key in getattr(args, "kit_resolved", {})}
-    trainer = cls(model=model, args=args, **kwargs)
+    with quiet.library_output():
+        trainer = cls(model=model, args=args, **kwargs)
     if loaded.dtype == "float32":
         restore_dtype(trainer.model, start)
     log(f"{label or kind}: trainer {describe_class(cls)}")

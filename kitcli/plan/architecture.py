@@ -187,6 +187,11 @@ def find_architecture(model_name: str, config_path: str | None = None) -> Archit
         return architecture_from_config(read_config(path), model_name, str(path))
     if model_name == "tiny":
         return architecture_from_config(tiny_config(), "tiny", "embedded tiny model")
+    from kitcli import gguf
+
+    source = gguf.source_file(model_name)
+    if source is not None:
+        return architecture_from_config(gguf.config_from_metadata(source), model_name, f"GGUF metadata ({source.name})")
     local = Path(model_name).expanduser()
     if local.is_dir():
         if not (local / "config.json").is_file():

@@ -146,7 +146,7 @@ def stage_settings(recipe, stage: dict[str, Any], backend: str) -> Settings:
     if spec.rl and values.get("steps_per_generation") is None:  # TRL's rule, and grpo.stage_defaults'
         values["steps_per_generation"] = values["gradient_accumulation_steps"]
     settings = Settings(
-        stage_type=stage["type"], backend=backend, load_in_4bit=bool(model["load_in_4bit"]) and lora is not None,
+        stage_type=stage["type"], backend=backend, load_in_4bit=model["load_in_4bit"] is not False and lora is not None,
         dtype_bytes=DTYPE_BYTES.get(model.get("dtype", "auto"), 2),
         lora_r=lora["r"] if lora else None, lora_targets=lora["target_modules"] if lora else [],
         optim=str(values["optim"]), per_device_train_batch_size=int(values["per_device_train_batch_size"]),
@@ -170,5 +170,5 @@ def stage_settings(recipe, stage: dict[str, Any], backend: str) -> Settings:
         generation = {**GenerationSpec().model_dump(), **(stage.get("generation") or {})}
         settings = replace(settings, prompt_len=seq, completion_len=int(generation["max_new_tokens"]),
                            eval_batch_size=int(generation["batch_size"]), gradient_checkpointing=False,
-                           load_in_4bit=bool(model["load_in_4bit"]))
+                           load_in_4bit=model["load_in_4bit"] is not False)  # planned for a GPU
     return settings

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from kitcli.backend import cuda_available
+from kitcli.backend import cuda_available, four_bit
 from kitcli.errors import KitError
 from kitcli.rundir import StageDir
 
@@ -107,13 +107,13 @@ def disable_dropout(model) -> None:
 
 # --- setup ------------------------------------------------------------------------------------------------------
 
-def reward_shares_base(reward_stage_dir: Path, policy_quantized: bool, load_in_4bit: bool) -> bool:
+def reward_shares_base(reward_stage_dir: Path, policy_quantized: bool, load_in_4bit: bool | None) -> bool:
     """A reward stage's adapter can sit on the policy's base when it was trained on that base in the same form.
     Reward models train as sequence classification, which is 4-bit only on a GPU (Unsloth's CPU loader cannot
     do it: reward_models.load_reward_model), so on a CPU a 4-bit policy base gets the merged reward model instead."""
     if not (StageDir(reward_stage_dir).adapter / "adapter_model.safetensors").is_file():
         return False  # fully fine-tuned reward model: only the merged model exists
-    reward_quantized = cuda_available() and load_in_4bit
+    reward_quantized = cuda_available() and four_bit(load_in_4bit)
     return reward_quantized == policy_quantized
 
 

@@ -29,7 +29,7 @@ from kitcli.backend import cuda_available, resolve_model_path, save_model
 from kitcli.checkpoints import resume_checkpoint
 from kitcli.context import StageContext
 from kitcli.dashboard import StageDashboard
-from kitcli.data import read_rows, require_columns
+from kitcli.data import read_rows, require_columns, with_system_prompt
 from kitcli.errors import KitError
 from kitcli.ppo.checkpoint import CHECKPOINT_FILES
 from kitcli.ppo.config import PPOConfig, ppo_defaults
@@ -79,7 +79,8 @@ def load_rows(ctx: StageContext, key: str = "data") -> list[dict[str, Any]]:
         if row.get("prompt") in (None, "", []):
             raise KitError(f"{ctx.where}: row {index} of '{spec['path']}' has an empty prompt; every row needs a "
                            f"prompt (a string or a list of messages)")
-    return rows
+    system = ctx.stage.get("system_prompt")  # the same rule as every stage's (kitcli/data.py)
+    return [{**row, "prompt": with_system_prompt(row["prompt"], system)} for row in rows]
 
 
 def check_rows(ctx: StageContext, rewards, rows: list[dict[str, Any]], config: PPOConfig, key: str = "data") -> None:

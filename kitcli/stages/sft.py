@@ -38,6 +38,8 @@ def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, A
         "assistant_only_loss": False,
         "dataset_text_field": "text",
         "loss_type": "nll",
+        # TRL's SFTConfig turns it on by default; it saves GPU memory but on a CPU only recomputes every forward
+        "gradient_checkpointing": cuda_available() if on_gpu is None else on_gpu,
     }
 
 
