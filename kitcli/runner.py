@@ -85,6 +85,8 @@ def model_file_fingerprint(name: str) -> dict[str, str] | None:
 def first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(set(a) | set(b), key=str):
+            if (key not in a and not b[key]) or (key not in b and not a[key]):
+                continue  # a key a newer kit added with an empty default (e.g. data.chat: false) changes nothing
             found = first_difference(a.get(key), b.get(key), f"{prefix}.{key}" if prefix else str(key))
             if found:
                 return found

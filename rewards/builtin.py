@@ -79,6 +79,38 @@ def math_equal(prompts, completions, answer, **kwargs) -> list[float | None]:
     return scores
 
 
+NUMBER = re.compile(r"^[-+]?\d+(?:\.\d+)?$")
+
+
+@reward_factory
+def numeric_closeness(scale: float = 1.0):
+    """Partial credit for a numeric answer near the row's `answer`: 1 / (1 + |given - expected| / scale).
+
+    1.0 for the right number, 0.5 one `scale` away, falling towards 0; 0.0 when the final answer (as exact_match
+    finds it) is not a plain number. A dense signal beside exact_match for arithmetic, where a near miss is
+    common: groups whose samples are all wrong still rank them. None when the row's answer is not a number.
+
+    >>> numeric_closeness(scale=2.0)(["q"] * 4, ["10", "<answer>12</answer>", "ten", "8.5"], answer=["10"] * 4)
+    [1.0, 0.5, 0.0, 0.5714285714285714]
+    """
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        raise KitError(f"scale must be a number > 0, got {scale!r}")
+
+    def numeric_closeness_reward(prompts, completions, answer, **kwargs) -> list[float | None]:
+        scores: list[float | None] = []
+        for completion, expected in zip(completions, answer):
+            gold = normalize_answer(expected).replace(",", "")
+            if not NUMBER.match(gold):
+                scores.append(None)
+                continue
+            given = normalize_answer(extract_answer(completion_text(completion))).replace(",", "")
+            scores.append(1.0 / (1.0 + abs(float(given) - float(gold)) / scale) if NUMBER.match(given) else 0.0)
+        return scores
+
+    numeric_closeness_reward.__name__ = "numeric_closeness"
+    return numeric_closeness_reward
+
+
 # Unicode math that math-verify does not read, as the LaTeX it does (after NFKC, which folds full-width forms).
 UNICODE_MATH = {"\u2212": "-", "\u00d7": "\\times ", "\u00f7": "/", "\u221a": "\\sqrt", "\u03c0": "\\pi ",
                 "\u221e": "\\infty ", "\u2264": "\\le ", "\u2265": "\\ge ", "\u00b7": "\\cdot "}

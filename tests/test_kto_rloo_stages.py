@@ -96,3 +96,15 @@ def test_data_to_kto_writes_what_the_stage_reads(tmp_path):
     dry = run_cli("run", recipe, "--dry-run")
     assert "prompt / completion / label rows" in dry.output
     assert f"rows: {int(round(len(rows) * 0.9))}" in dry.output
+
+
+def test_unbalanced_labels_get_the_papers_weight_range():
+    from kitcli.stages.kto import balance
+
+    rows = [{"label": True}] * 1000 + [{"label": False}] * 3000
+    report = balance(rows, desirable_weight=1.0, undesirable_weight=1.0)
+    assert (report["desirable"], report["undesirable"], report["weighted_ratio"]) == (1000, 3000, 0.333)
+    assert "set train.desirable_weight in [3.00, 4.00]" in report["note"]
+    assert "note" not in balance(rows, desirable_weight=3.5, undesirable_weight=1.0)  # 1.17: inside [1, 4/3]
+    flipped = balance([{"label": not r["label"]} for r in rows], 1.0, 1.0)
+    assert "set train.desirable_weight in [0.33, 0.44]" in flipped["note"]
