@@ -18,7 +18,6 @@ only `gguf` (numpy).
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kitcli.errors import KitError
+from kitcli.tiny import file_sha256, kit_home
 
 GGUF_MAGIC = b"GGUF"
 GGUF_INSTALL = "pip install gguf   (or: pip install 'lora-kit[smol]')"
@@ -166,17 +166,7 @@ def inspect_gguf(path: Path, where: str = "model") -> GGUFInfo:
     return info
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def converted_dir(sha256: str) -> Path:
-    from kitcli.tiny import kit_home
-
     return kit_home() / "models" / f"gguf-{sha256[:16]}"
 
 

@@ -352,9 +352,9 @@ def peak_gpu_memory() -> dict[str, float]:
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_available():
         return {}
-    peak = torch.cuda.max_memory_allocated() / 2**30
+    peak, reserved = torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30
     torch.cuda.reset_peak_memory_stats()
-    return {"peak_gpu_memory_gib": round(peak, 3)}
+    return {"peak_gpu_memory_gib": round(peak, 3), "peak_gpu_memory_reserved_gib": round(reserved, 3)}
 
 
 def run_stage(ctx: StageContext) -> dict[str, Any]:
