@@ -91,6 +91,7 @@ def prepare_backend(backend: str) -> None:
                   file=sys.stderr)
         with quiet.library_output():
             import unsloth  # noqa: F401
+        allow_inductor_pool_aliasing()
     with quiet.library_output():
         import datasets
         import transformers
@@ -103,6 +104,22 @@ def prepare_backend(backend: str) -> None:
     os.environ.setdefault("TQDM_DISABLE", "1")  # TRL's own bars (e.g. DPO's reference precompute); kit shows progress
     if backend == "transformers" and not cuda_available():
         route_trl_fused_head_off_gpu()
+
+
+def allow_inductor_pool_aliasing() -> None:
+    """torch 2.14 checks, at the first call of a compiled function, that no custom op returns an alias of its
+    input, and makes a violation an error instead of a warning when the environment variable CI is set. Inductor's
+    own memory-pool op (`inductor::_alloc_from_pool`) fails that check in Unsloth's compiled GRPO/GSPO loss on a
+    CPU, so a kit run inside a CI job (GitHub Actions sets CI=true) died where the same run elsewhere trains. The
+    op is torch's, not the user's: keep it a warning. TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING=1 still wins."""
+    if "TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING" in os.environ:
+        return
+    try:
+        import torch._functorch.config as functorch_config
+    except ImportError:  # another torch: nothing to relax
+        return
+    if hasattr(functorch_config, "error_on_custom_op_aliasing"):
+        functorch_config.error_on_custom_op_aliasing = False
 
 
 def route_trl_fused_head_off_gpu() -> None:

@@ -70,6 +70,9 @@ def use_unsloth_trainers() -> None:
     """Replace TRL's trainers by Unsloth's generated ones in this process, as `import unsloth` does on a GPU."""
     import unsloth  # noqa: F401  (before trl, as always)
 
+    from kitcli.backend import allow_inductor_pool_aliasing
+
+    allow_inductor_pool_aliasing()
     if unsloth_patched():
         return
     capture_stock()
