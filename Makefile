@@ -1,10 +1,12 @@
 # make demo: set up .venv if missing and run the embedded SFT -> GRPO pipeline on CPU.
-# make test: set up .venv if missing and run the test suite.
+# make test: set up .venv if missing and run the test suite (two pytest-xdist workers, one torch thread each;
+#   KIT_TEST_WORKERS=0 runs it in one process).
 # make test-fast: the tests that train nothing (under a minute); make lint: ruff.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kit-installed
+KIT_TEST_WORKERS ?= 2
 
 .PHONY: demo test test-fast lint bench install clean
 
@@ -21,7 +23,7 @@ demo: $(STAMP)
 	$(BIN)/kit run tiny-grpo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(KIT_TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -15,6 +15,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 os.environ.setdefault("UNSLOTH_COMPILE_LOCATION", str(Path(os.environ["KIT_HOME"]) / "unsloth_compiled_cache"))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two pytest-xdist workers on a 2-core machine: one torch thread each (and in the `kit run`
+    # subprocesses they start), or OpenMP threads of the two workers fight for the cores and both run far slower.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 if importlib.util.find_spec("unsloth") is not None:
     import unsloth  # noqa: F401  (must precede trl / transformers / peft, as in a real run)
 
@@ -34,6 +38,18 @@ TRAINING_FIXTURES = {"trained", "run", "ppo_run", "trained_run", "uninterrupted"
                      "sft_dpo_run", "interrupted"}
 
 
+def xdist_group(item) -> str:
+    """The unit of work a pytest-xdist worker takes whole (`make test` runs `--dist loadgroup`): a test file, so its
+    module fixtures are built once; a file's tests per stage type where they are parametrized by it (the resume
+    tests, the longest file); and every test on Unsloth's forced trainers together, in one worker, after the rest."""
+    if uses_unsloth_trainers(item):
+        return "unsloth-trainers"
+    callspec = getattr(item, "callspec", None)
+    stage_type = callspec.params.get("stage_type") if callspec is not None else None
+    return item.path.name + (f"-{stage_type}" if stage_type else "")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     """Tests on Unsloth's generated trainers run last: forcing them rewrites TRL's module attributes (and some of
     its helpers) for the rest of the process, and every other test checks the classes a CPU run really uses.
@@ -44,6 +60,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if TRAINING_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
