@@ -12,7 +12,8 @@ reports, per score, the mean and standard deviation over seeds of both evals and
 change clear when every seed improved and the mean change exceeds the larger of the two evals' seed-to-seed
 standard deviations. A reward model's score is only defined up to a constant and each seed trains its own reward
 model, so for scores that include one the levels of different seeds are not comparable; there the mean change must
-exceed the seed-to-seed standard deviation of the change itself. Results go to bench/results/seeds.json.
+exceed the seed-to-seed standard deviation of the change itself. Results go to bench/results/seeds.json: per run
+`seconds` (the wall time of `kit run`, when this invocation ran it) and `stage_seconds` (the stages' own times).
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ def tiny_recipes() -> list[str]:
     return sorted(p.stem for p in (ROOT / "recipes").glob("tiny-*.yaml"))
 
 
-def run_recipe(recipe: str, seed: int, runs: Path, force: bool) -> tuple[Path, float]:
+def run_recipe(recipe: str, seed: int, runs: Path, force: bool) -> tuple[Path, float | None]:
+    """The run directory and the wall time of `kit run` (None when the run had finished earlier and was reused)."""
     run_dir = runs / f"{recipe}-seed{seed}"
+    reused = (run_dir / "report.md").is_file() and not force
     command = [sys.executable, "-m", "kitcli", "run", recipe, "--set", f"seed={seed}", "--output", str(run_dir),
                "--quiet"]
     if force:
@@ -50,7 +53,13 @@ def run_recipe(recipe: str, seed: int, runs: Path, force: bool) -> tuple[Path, f
     if result.returncode != 0:
         tail = "\n".join(result.stdout.splitlines()[-15:])
         raise SystemExit(f"{recipe} seed {seed} failed (exit {result.returncode}):\n{tail}")
-    return run_dir, time.time() - started
+    return run_dir, None if reused else time.time() - started
+
+
+def stage_seconds(run_dir: Path) -> float:
+    """The sum of the stages' own times (DONE's seconds): the training and scoring, without process start-up and
+    model loading, and the same whether the run was timed now or earlier."""
+    return sum(json.loads(done.read_text()).get("seconds", 0.0) for done in run_dir.glob("*/DONE"))
 
 
 def read_evals(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -131,12 +140,14 @@ def main() -> None:
     parser.add_argument("--force", action="store_true", help="redo finished runs")
     args = parser.parse_args()
     recipes = args.recipes or tiny_recipes()
-    results, seconds = [], {}
+    results, seconds, stage_times = [], {}, {}
     for recipe in recipes:
         per_seed = {}
         for seed in args.seeds:
             run_dir, took = run_recipe(recipe, seed, args.runs, args.force)
-            seconds[f"{recipe}-seed{seed}"] = round(took, 1)
+            if took is not None:
+                seconds[f"{recipe}-seed{seed}"] = round(took, 1)
+            stage_times[f"{recipe}-seed{seed}"] = round(stage_seconds(run_dir), 1)
             per_seed[seed] = read_evals(run_dir)
         result = summarize(recipe, per_seed)
         show(result)
@@ -147,6 +158,7 @@ def main() -> None:
     payload = {"machine": {"cpus": os.cpu_count(), "platform": f"{platform.system()} {platform.machine()}",
                            "python": platform.python_version()},
                "seconds": {**earlier.get("seconds", {}), **seconds},
+               "stage_seconds": {**earlier.get("stage_seconds", {}), **stage_times},
                "results": sorted(kept + results, key=lambda r: r["recipe"])}
     if earlier.get("notes"):
         payload["notes"] = earlier["notes"]  # hand-written remarks on how earlier figures were made

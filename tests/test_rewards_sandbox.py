@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,6 +24,14 @@ LIMIT = 1.0
 WITH_HOOK = SandboxLimits(time_limit=LIMIT, memory_mb=256)
 OS_ONLY = SandboxLimits(time_limit=LIMIT, memory_mb=256, audit=False)
 PASSES = normalize_tests(["assert True"])
+
+
+@pytest.fixture(autouse=True)
+def own_sandbox_dir(tmp_path, monkeypatch):
+    """The sandbox's working directories go under this test's tmp_path, so sandbox_processes() sees only this
+    test's sandboxes, not those another pytest-xdist worker runs at the same time."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
 
 
 def contained(code: str, limits: SandboxLimits = WITH_HOOK, tests=PASSES):
@@ -44,7 +53,7 @@ def sandbox_processes() -> list[str]:
             state = (entry / "stat").read_text().split()[2]
         except (OSError, IndexError):
             continue
-        if "sandbox_harness.py" in cmdline and state != "Z":
+        if "sandbox_harness.py" in cmdline and f"{tempfile.gettempdir()}/kit-sandbox-" in cmdline and state != "Z":
             found.append(cmdline)
     return found
 
