@@ -245,6 +245,16 @@ def eval_figure(evals: list[tuple[dict[str, Any], dict[str, Any]]]):
     return figure
 
 
+def up_to_date(png: Path, stage_dir: Path) -> bool:
+    """Whether a stage's plot is newer than every file it is drawn from. A run of several stages redraws only the
+    stages that ran (matplotlib's import and each figure cost a few tenths of a second on a CPU)."""
+    if not png.is_file():
+        return False
+    sources = [stage_dir / name for name in ("DONE", "metrics.jsonl")]
+    newest = max((f.stat().st_mtime_ns for f in sources if f.is_file()), default=None)
+    return newest is not None and png.stat().st_mtime_ns > newest
+
+
 def save_figure(figure, path: Path) -> None:
     """Figures are built without pyplot (no global figure registry to close, and less to import)."""
     figure.savefig(path, dpi=110)
@@ -300,9 +310,14 @@ def write_report(run_dir: Path) -> Path:
     if evals:
         header, table = before_after(evals)
         lines += ["## Evaluation (held-out)", "", markdown_table(header, table), ""]
-        figure = eval_figure(evals)
-        if figure is not None:
-            save_figure(figure, plots / "eval.png")
+        png = plots / "eval.png"
+        drawn = all(up_to_date(png, s.directory) for s in run.evals())
+        if not drawn:
+            figure = eval_figure(evals)
+            if figure is not None:
+                save_figure(figure, png)
+                drawn = True
+        if drawn:
             lines += [f"![held-out evaluation]({plots.name}/eval.png)", ""]
 
     for record in run.stages:
@@ -314,9 +329,15 @@ def write_report(run_dir: Path) -> Path:
         if registry.specs().get(record.type) is not None and registry.spec(record.type).evaluates:
             lines += eval_section(record)
             continue
-        figure = stage_figure(f"stage {record.index}: {record.name} ({record.type})", record.type, record.metrics)
-        if figure is not None:
-            save_figure(figure, plots / f"{record.name}.png")
+        png = plots / f"{record.name}.png"
+        if up_to_date(png, record.directory) and stage_panels(record.type, record.metrics):
+            figure = None  # drawn by an earlier `kit run` from the same files: keep it
+        else:
+            figure = stage_figure(f"stage {record.index}: {record.name} ({record.type})", record.type,
+                                  record.metrics)
+            if figure is not None:
+                save_figure(figure, png)
+        if figure is not None or up_to_date(png, record.directory):
             lines += [f"![{record.name} training curves]({plots.name}/{record.name}.png)", ""]
             keys = [k for _, _, ks in stage_panels(record.type, record.metrics) for k in ks]
             lines += [markdown_table(["metric", "first", "last", "min", "max"], curve_summary(record.metrics, keys)),

@@ -102,3 +102,32 @@ def test_export_needs_a_finished_policy_stage(trained_run, tmp_path):
     assert "is an eval stage" in run_cli("export", copy / "eval-after", "--to", "lora", expect=2).output
     assert "--quant applies to --to gguf only" in run_cli("export", trained_run, "--to", "lora", "--quant", "f16",
                                                           expect=2).output
+
+
+def test_the_report_redraws_only_the_plots_whose_stage_changed(trained_run, tmp_path):
+    """(Beside the export tests because it reads the same trained run.) `kit run` writes the report at the end of
+    every invocation; a plot newer than its stage's files is kept, one whose stage logged again is redrawn."""
+    import shutil
+    import time
+
+    from kitcli.report import write_report
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    write_report(run)
+
+    def drawn() -> dict[str, int]:
+        return {p.name: p.stat().st_mtime_ns for p in (run / "plots").glob("*.png")}
+
+    before = drawn()
+    assert {"sft.png", "eval.png"} <= before.keys()
+    time.sleep(0.02)
+    write_report(run)
+    assert drawn() == before
+    with open(run / "sft" / "metrics.jsonl", "a") as f:  # the stage logged again (as a resumed stage does)
+        f.write('{"step": 13, "loss": 1.0}\n')
+    write_report(run)
+    after = drawn()
+    assert after["sft.png"] > before["sft.png"] and after["eval.png"] == before["eval.png"]
+    report = (run / "report.md").read_text()
+    assert "![sft training curves](plots/sft.png)" in report and "![held-out evaluation](plots/eval.png)" in report
