@@ -110,3 +110,16 @@ def attach_progress(trainer, stage_name: str, metrics_path: Path, console: Conso
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(make_progress_callback(stage_name, metrics_path, console, trainer=trainer, **options))
+
+
+def make_reward_metrics_callback(stats):
+    """A TRL callback that adds per-reward seconds and skipped samples (rewards.guard's RewardStats) to each logged
+    metrics dict, before the progress callback writes it to metrics.jsonl."""
+    from transformers import TrainerCallback
+
+    class RewardMetrics(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs is not None:
+                logs.update(stats.pop_metrics())
+
+    return RewardMetrics()

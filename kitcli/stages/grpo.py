@@ -59,7 +59,7 @@ from kitcli.checkpoints import resume_checkpoint, train
 from kitcli.context import StageContext
 from kitcli.data import read_rows, to_dataset, with_system_prompt
 from kitcli.errors import KitError
-from kitcli.progress import attach_progress, read_metrics
+from kitcli.progress import attach_progress, make_reward_metrics_callback, read_metrics
 from kitcli.schema import RESERVED_TRAIN, RewardedSection, StageSpec
 from kitcli.trainers import trainer_summary
 from kitcli.trl_config import COMMON_DEFAULTS, build_config, config_dict, config_summary
@@ -238,10 +238,6 @@ def reward_weights(ctx: StageContext, rewards) -> list[float]:
     return weights
 
 
-def is_local(spec: dict[str, Any]) -> bool:
-    return Path(spec["path"]).is_file()
-
-
 def load_rows(ctx: StageContext) -> list[dict[str, Any]]:
     spec = ctx.stage["data"]
     method = ctx.stage["type"].upper()
@@ -318,7 +314,7 @@ def describe_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, A
 
     prepare_backend(choose_backend(ctx.model["backend"]))
     spec = ctx.stage["data"]
-    rows: Any = len(load_rows(ctx)) if is_local(spec) else "hub dataset, read when the stage runs"
+    rows: Any = len(load_rows(ctx)) if Path(spec["path"]).is_file() else "hub dataset, read when the stage runs"
     rewards = load_reward_functions(ctx)
     defaults = resolved_defaults(ctx, preset, rewards, kind)
     config = make_config(ctx, defaults, kind)
@@ -350,20 +346,6 @@ def load_reward_scorer(ctx: StageContext):
     model, tokenizer = load_seq_cls_scorer(path, dtype=ctx.model["dtype"], log=ctx.log)
     model.config._name_or_path = reward_model_name(ctx)  # TRL logs a reward model as rewards/<name_or_path>/mean
     return model, tokenizer
-
-
-def make_reward_metrics_callback(stats):
-    from transformers import TrainerCallback
-
-    class RewardMetrics(TrainerCallback):
-        """Adds per-reward seconds and skipped samples to each logged metrics dict (before kit's progress
-        callback writes it to metrics.jsonl)."""
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs is not None:
-                logs.update(stats.pop_metrics())
-
-    return RewardMetrics()
 
 
 def build_trainer(ctx: StageContext, preset: dict[str, Any], config=None, kind: str = "grpo"):
