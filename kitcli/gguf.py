@@ -144,12 +144,11 @@ def inspect_gguf(path: Path, where: str = "model") -> GGUFInfo:
     if facts["tensor_end"] > info.size:
         raise KitError(f"{where}: '{path}' is truncated: its tensors end at byte {facts['tensor_end']:,} but the "
                        f"file has {info.size:,}; download or convert it again")
-    types = info.tensor_types
     supported = supported_architectures()
     if ARCHITECTURE_ALIASES.get(info.architecture, info.architecture) not in supported:
         raise KitError(f"{where}: '{path.name}' is a GGUF of architecture '{info.architecture}', which transformers "
                        f"cannot rebuild; supported: {', '.join(sorted(supported))}")
-    unsupported = [t for t in types if t not in dequantizable_types()]
+    unsupported = [t for t in info.tensor_types if t not in dequantizable_types()]
     if unsupported:
         raise KitError(f"{where}: '{path.name}' holds tensors of type {', '.join(unsupported)}, which the gguf package "
                        f"cannot dequantize; re-quantize it (e.g. Q4_K_M or Q8_0) or start from the safetensors model")
@@ -217,6 +216,9 @@ def special_token_ids(path: Path) -> dict[str, int]:
     return dict(header(path)["special_tokens"])
 
 
+HEADER_VERSION = 1  # bump when read_header returns other facts
+
+
 def header(path: Path, where: str = "model") -> dict:
     """The facts the kit reads from a GGUF file's header, cached under $KIT_HOME per (path, size, mtime).
 
@@ -236,9 +238,6 @@ def header(path: Path, where: str = "model") -> dict:
     staging.write_text(json.dumps(facts))
     staging.replace(cached)
     return facts
-
-
-HEADER_VERSION = 1  # bump when read_header returns other facts
 
 
 def read_header(path: Path, where: str) -> dict:

@@ -330,14 +330,14 @@ def write_report(run_dir: Path) -> Path:
             lines += eval_section(record)
             continue
         png = plots / f"{record.name}.png"
-        if up_to_date(png, record.directory) and stage_panels(record.type, record.metrics):
-            figure = None  # drawn by an earlier `kit run` from the same files: keep it
-        else:
+        drawn = up_to_date(png, record.directory)  # by an earlier `kit run` from the same files: keep it
+        if not drawn:
             figure = stage_figure(f"stage {record.index}: {record.name} ({record.type})", record.type,
                                   record.metrics)
             if figure is not None:
                 save_figure(figure, png)
-        if figure is not None or up_to_date(png, record.directory):
+                drawn = True
+        if drawn:
             lines += [f"![{record.name} training curves]({plots.name}/{record.name}.png)", ""]
             keys = [k for _, _, ks in stage_panels(record.type, record.metrics) for k in ks]
             lines += [markdown_table(["metric", "first", "last", "min", "max"], curve_summary(record.metrics, keys)),
