@@ -44,5 +44,19 @@ def save(name: str, payload: dict, directory: Path = RESULTS) -> Path:
     return path
 
 
+def trl_config(cls, path: str, output_dir: str):
+    """A TRL config of class `cls` from a kit run's config.json (the effective values), for the hand-written
+    scripts (raw_trl.py, raw_peft.py) that train the same stage without the kit."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    values = {k: v for k, v in json.loads(Path(path).read_text()).items() if k in names and v != "<redacted>"}
+    values.pop("hub_token", None)
+    if "steps_per_generation" in values:  # GRPOConfig derives generation_batch_size from it and refuses both
+        values.pop("generation_batch_size", None)
+    values["output_dir"] = output_dir
+    return cls(**values)
+
+
 def resource_children_maxrss() -> float:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024

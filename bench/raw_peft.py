@@ -16,19 +16,9 @@ import json
 import sys
 from pathlib import Path
 
+from common import trl_config
+
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def trl_config(cls, path: str, output_dir: str):
-    import dataclasses
-
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
-    values = {k: v for k, v in json.loads(Path(path).read_text()).items() if k in names and v != "<redacted>"}
-    values.pop("hub_token", None)
-    if "steps_per_generation" in values:  # GRPOConfig derives generation_batch_size from it and refuses both
-        values.pop("generation_batch_size", None)
-    values["output_dir"] = output_dir
-    return cls(**values)
 
 
 def varied(prompts, completions, **kwargs):  # the same cheap reward as the kit side (bench/shapes.py)

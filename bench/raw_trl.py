@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 import unsloth  # noqa: F401  (before trl / transformers, as in kit)
+from common import trl_config
 from unsloth import FastLanguageModel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,18 +30,6 @@ LORA = dict(r=16, lora_alpha=32, lora_dropout=0.0,
 def rows(name: str, keep: list[str]) -> list[dict]:
     lines = (DATA / name).read_text().splitlines()
     return [{k: json.loads(line)[k] for k in keep} for line in lines if line.strip()]
-
-
-def trl_config(cls, path: str, output_dir: str):
-    import dataclasses
-
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
-    values = {k: v for k, v in json.loads(Path(path).read_text()).items() if k in names and v != "<redacted>"}
-    values.pop("hub_token", None)
-    if "steps_per_generation" in values:  # GRPOConfig derives generation_batch_size from it and refuses both
-        values.pop("generation_batch_size", None)
-    values["output_dir"] = output_dir
-    return cls(**values)
 
 
 def exact_match(prompts, completions, answer, **kwargs):
