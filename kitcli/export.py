@@ -2,18 +2,22 @@
 
     kit export runs/tiny-sft-20261202-101500 --to lora
     kit export runs/tiny-sft-20261202-101500/sft --to merged -o exported/tiny-sft
+    kit export runs/tiny-sft-20261202-101500 --to gguf                  (q8_0; loads again as `model: <file>.gguf`)
     kit export runs/qwen3-4b-grpo-20261202-101500 --to gguf --quant q4_k_m
 
-Every exported directory holds the stage's tokenizer (with its chat template) and a model card (README.md: the
-recipe, its stages and the evaluation table). It is written under a temporary name and renamed into place, so a
-failed export leaves nothing half-written; an existing non-empty directory is replaced only with --force.
+Every exported directory holds a model card (README.md: the recipe, its stages and the evaluation table) and the
+stage's tokenizer with its chat template (in the GGUF file itself for `gguf`). It is written under a temporary name
+and renamed into place, so a failed export leaves nothing half-written; an existing non-empty directory is replaced
+only with --force.
 
 - `lora`: a copy of the stage's PEFT adapter (`adapter_config.json`, `adapter_model.safetensors`).
 - `merged`: the base model loaded unquantized (Unsloth's CPU loader cannot merge LoRA into 4-bit weights) with the
   adapter, merged by PEFT's `merge_and_unload` in float32 and saved in 16-bit (`--dtype`): a plain transformers
   checkpoint that generates what the adapter model generates.
-- `gguf`: the merged model converted by llama.cpp's converter and quantized by `llama-quantize`, through
-  unsloth_zoo's exporter (`convert_to_gguf`, `quantize_gguf`); needs a llama.cpp build (see `find_llama_cpp`).
+- `gguf`: the merged model as one GGUF file. q8_0 (the default, as Unsloth's), q4_0, f16, bf16 and f32 of LLaMA,
+  Mistral and Qwen2/3 models are written by the kit itself with the `gguf` package (kitcli/gguf_export.py), no
+  llama.cpp needed; k-quants (q4_k_m, ...) and other architectures go through llama.cpp's converter and
+  `llama-quantize` (unsloth_zoo's `convert_to_gguf`, `quantize_gguf`; see `find_llama_cpp`).
 """
 
 from __future__ import annotations
@@ -26,13 +30,13 @@ from typing import Any
 
 import click
 
-from kitcli import registry
+from kitcli import gguf_export, registry
 from kitcli.chat import PolicyStage, resolve_policy_stage
 from kitcli.errors import KitError
 from kitcli.rundir import RunDir
 
 TARGETS = ("lora", "merged", "gguf")
-QUANTS = ("q4_k_m", "q8_0", "f16")
+QUANTS = gguf_export.KIT_QUANTS + ("q4_k_m", "q5_k_m", "q6_k")
 DTYPES = ("bfloat16", "float16", "float32")
 LLAMA_CPP_INSTALL = (
     "install llama.cpp: `git clone https://github.com/ggml-org/llama.cpp ~/.unsloth/llama.cpp && "
@@ -49,9 +53,9 @@ def llama_cpp_dir() -> Path:
     return Path(os.environ.get("UNSLOTH_LLAMA_CPP_PATH", Path.home() / ".unsloth" / "llama.cpp"))
 
 
-def find_llama_cpp() -> tuple[str, str]:
-    """(llama-quantize, convert_hf_to_gguf.py) of a usable llama.cpp, or a KitError saying what to install.
-    Checked before any model is loaded; nothing is downloaded or built here."""
+def find_llama_cpp(why: str) -> tuple[str, str]:
+    """(llama-quantize, convert_hf_to_gguf.py) of a usable llama.cpp, or a KitError saying why it is needed and
+    what to install. Nothing is downloaded or built here."""
     folder = llama_cpp_dir()
     converter = next((folder / n for n in ("convert_hf_to_gguf.py", "convert-hf-to-gguf.py")
                       if (folder / n).is_file()), None)
@@ -60,16 +64,17 @@ def find_llama_cpp() -> tuple[str, str]:
     if converter is None or quantizer is None:
         missing = " and ".join(n for n, p in (("convert_hf_to_gguf.py", converter), ("llama-quantize", quantizer))
                                if p is None)
-        raise KitError(f"GGUF export needs llama.cpp, but {folder} has no {missing}; {LLAMA_CPP_INSTALL}; "
-                       f"`kit export --to merged` works without it")
+        raise KitError(f"this GGUF export needs llama.cpp ({why}), but {folder} has no {missing}; "
+                       f"{LLAMA_CPP_INSTALL}; --quant q8_0 or f16 of a LLaMA/Qwen model, and --to merged, work "
+                       f"without it")
     import unsloth  # noqa: F401  (unsloth_zoo refuses to import before it)
     from unsloth_zoo.llama_cpp import check_llama_cpp
 
     try:
         found_quantizer, found_converter = check_llama_cpp(str(folder))
     except RuntimeError as error:
-        raise KitError(f"llama.cpp at {folder} is not usable ({str(error).splitlines()[0]}); "
-                       f"{LLAMA_CPP_INSTALL}") from None
+        raise KitError(f"llama.cpp at {folder} is not usable ({str(error).splitlines()[0]}), and this GGUF export "
+                       f"needs it ({why}); {LLAMA_CPP_INSTALL}") from None
     return found_quantizer, found_converter
 
 
@@ -131,26 +136,83 @@ def export_merged(policy: PolicyStage, staging: Path, dtype: str, log) -> dict[s
             "parameters": sum(p.numel() for p in model.parameters())}
 
 
-def export_gguf(policy: PolicyStage, staging: Path, quant: str, tools: tuple[str, str], log) -> dict[str, Any]:
+def base_model_type(policy: PolicyStage) -> str | None:
+    """The base model's transformers model_type, read without loading it (None where only loading would tell)."""
+    from kitcli import gguf
+    from kitcli.plan.architecture import cached_hub_config, read_config, tiny_config
+
+    name = policy.model["name"]
+    if name == "tiny":
+        return tiny_config().get("model_type")
+    source = gguf.source_file(name)
+    if source is not None:
+        architecture = gguf.header(source)["architecture"]
+        return gguf.ARCHITECTURE_ALIASES.get(architecture, architecture)
+    config = Path(name).expanduser() / "config.json"
+    if not config.is_file() and "/" in name:
+        config = cached_hub_config(name) or config
+    return read_config(config).get("model_type") if config.is_file() else None
+
+
+def gguf_needs_llama_cpp(policy: PolicyStage, quant: str) -> str | None:
+    """Why this GGUF export needs llama.cpp (None if the kit writes it itself), decided before loading."""
+    if quant not in gguf_export.KIT_QUANTS:
+        return f"--quant {quant} (a k-quant) is made by llama-quantize"
+    model_type = base_model_type(policy)
+    if model_type is not None and model_type not in gguf_export.WRITABLE:
+        return f"the kit writes GGUF for {', '.join(gguf_export.WRITABLE)} models, not '{model_type}'"
+    return None
+
+
+def source_pre_tokenizer(policy: PolicyStage) -> str | None:
+    """The llama.cpp pre-tokenizer name of a model that came from a GGUF file (kept as it was)."""
+    from kitcli import gguf
+
+    source = gguf.source_file(policy.model["name"])
+    return (gguf.header(source).get("pre_tokenizer") or None) if source is not None else None
+
+
+def export_gguf(policy: PolicyStage, staging: Path, quant: str, log) -> dict[str, Any]:
+    import torch
+
+    model = merged_model(policy, "float32", log)
+    tokenizer = stage_tokenizer(policy)
+    merged_dir = staging / "merged"
+    tokenizer.save_pretrained(str(merged_dir))
+    unhandled = gguf_export.unwritable(model.config, merged_dir)
+    reason = gguf_needs_llama_cpp(policy, quant) or (
+        f"the kit's own GGUF writer does not handle {unhandled}" if unhandled else None)
+    if reason is not None:
+        return export_gguf_llama_cpp(model.to(torch.bfloat16), merged_dir, policy, staging, quant,
+                                     find_llama_cpp(reason))
+    target = staging / f"{policy.name}.{quant.upper()}.gguf"
+    written = gguf_export.write_gguf(model, tokenizer, merged_dir, target, quant,
+                                     name=f"{policy.recipe.get('name', 'kit')}-{policy.name}",
+                                     pre_tokenizer=source_pre_tokenizer(policy))
+    shutil.rmtree(merged_dir)
+    return {"format": f"GGUF ({quant}, written by the kit)", "files": [target.name], **written}
+
+
+def export_gguf_llama_cpp(model, source: Path, policy: PolicyStage, staging: Path, quant: str,
+                          tools: tuple[str, str]) -> dict[str, Any]:
+    """llama.cpp's converter on the merged 16-bit checkpoint (saved beside its tokenizer in `source`), then
+    llama-quantize for the types the converter does not write."""
     from unsloth_zoo.llama_cpp import convert_to_gguf, quantize_gguf
 
     quantizer, converter = tools
-    source = staging / "merged_16bit"
-    source.mkdir()
-    merged_model(policy, "bfloat16", log).save_pretrained(str(source))
-    stage_tokenizer(policy).save_pretrained(str(source))
-    first = quant if quant in ("f16", "q8_0") else "bf16"  # k-quants are made from a bf16 GGUF
+    model.save_pretrained(str(source))
+    first = quant if quant in ("f16", "q8_0", "bf16") else "bf16"  # the rest are made from a bf16 GGUF
     outputs, _ = convert_to_gguf(str(staging / policy.name), str(source), model_dtype="bf16",
                                  quantization_type=first, converter_location=converter)
     files = list(outputs)
-    if quant not in ("f16", "q8_0"):
+    if quant != first:
         target = str(staging / f"{policy.name}.{quant.upper()}.gguf")
         quantize_gguf(outputs[0], target, quant, quantizer_location=quantizer, print_output=False)
         for path in outputs:
             os.remove(path)
         files = [target]
     shutil.rmtree(source)
-    return {"format": f"GGUF ({quant})", "files": [Path(f).name for f in files]}
+    return {"format": f"GGUF ({quant}, llama.cpp)", "files": [Path(f).name for f in files]}
 
 
 # --- the model card --------------------------------------------------------------------------------------------
@@ -201,7 +263,8 @@ def model_card(policy: PolicyStage, to: str, details: dict[str, Any]) -> str:
                   "model = AutoModelForCausalLM.from_pretrained(\"path/to/this/folder\")",
                   "tokenizer = AutoTokenizer.from_pretrained(\"path/to/this/folder\")", "```"]
     else:
-        lines += ["```sh", f"llama-cli -m {details['files'][0]} -cnv", "```"]
+        lines += ["```sh", f"llama-cli -m {details['files'][0]} -cnv", "```", "",
+                  f"or as the starting model of a kit recipe: `model: path/to/{details['files'][0]}`"]
     lines += ["", "Generated by `kit export`; the run's recipe.lock.yaml holds the full resolved recipe.", ""]
     return "\n".join(lines)
 
@@ -211,12 +274,13 @@ def model_card(policy: PolicyStage, to: str, details: dict[str, Any]) -> str:
 def run_export(path: str, *, to: str, quant: str | None, output: str | None, force: bool, dtype: str) -> Path:
     if quant is not None and to != "gguf":
         raise KitError(f"--quant applies to --to gguf only (got --to {to})")
-    quant = quant or "q4_k_m"
+    quant = quant or "q8_0"
     policy = resolve_policy_stage(path, "export")
     out = Path(output) if output else default_output(policy, to, quant)
     check_output(out, force)
     check_exportable(policy, to)
-    tools = find_llama_cpp() if to == "gguf" else None  # before loading anything: a missing llama.cpp fails fast
+    if to == "gguf" and (why := gguf_needs_llama_cpp(policy, quant)):
+        find_llama_cpp(why)  # before loading anything: a missing llama.cpp fails fast
     staging = out.with_name(out.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -230,8 +294,9 @@ def run_export(path: str, *, to: str, quant: str | None, output: str | None, for
         elif to == "merged":
             details = export_merged(policy, staging, dtype, log)
         else:
-            details = export_gguf(policy, staging, quant, tools, log)
-        stage_tokenizer(policy).save_pretrained(str(staging))
+            details = export_gguf(policy, staging, quant, log)
+        if to != "gguf":  # a GGUF file holds its tokenizer
+            stage_tokenizer(policy).save_pretrained(str(staging))
         (staging / "README.md").write_text(model_card(policy, to, details), encoding="utf-8")
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -247,7 +312,8 @@ def run_export(path: str, *, to: str, quant: str | None, output: str | None, for
 @click.argument("run_dir", metavar="RUN_DIR[/STAGE]")
 @click.option("--to", "to", type=click.Choice(TARGETS), required=True,
               help="lora: the adapter; merged: a 16-bit transformers model; gguf: for llama.cpp / Ollama.")
-@click.option("--quant", type=click.Choice(QUANTS), default=None, help="GGUF quantization (default q4_k_m).")
+@click.option("--quant", type=click.Choice(QUANTS), default=None,
+              help="GGUF quantization (default q8_0; k-quants need llama.cpp).")
 @click.option("--output", "-o", help="Directory to write (default: RUN_DIR/exports/<stage>-<to>).")
 @click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16", show_default=True,
               help="Weights of a merged export.")

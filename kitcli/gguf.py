@@ -23,6 +23,7 @@ import importlib.util
 import json
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -177,9 +178,12 @@ def ensure_converted(path: Path, log=print) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf_loading.tqdm = partial(tqdm, disable=True)  # the line above says what is happening; no bar per tensor
-    folder, name = str(path.parent), path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    # transformers reads tokenizer files lying beside the GGUF file over the file's own (and loses its chat
+    # template), so it is read from a folder that holds only a link to it.
+    with tempfile.TemporaryDirectory(prefix="kit-gguf-") as alone:
+        (Path(alone) / path.name).symlink_to(path.resolve())
+        tokenizer = AutoTokenizer.from_pretrained(alone, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(alone, gguf_file=path.name, dtype=torch.float32)
     set_special_tokens(tokenizer, model, special_token_ids(path))
     # The weights are dequantized already: save them as an ordinary checkpoint, not as a GGUF-quantized one.
     model.hf_quantizer = None
@@ -216,7 +220,7 @@ def special_token_ids(path: Path) -> dict[str, int]:
     return dict(header(path)["special_tokens"])
 
 
-HEADER_VERSION = 1  # bump when read_header returns other facts
+HEADER_VERSION = 2  # bump when read_header returns other facts
 
 
 def header(path: Path, where: str = "model") -> dict:
@@ -268,6 +272,7 @@ def read_header(path: Path, where: str) -> dict:
     return {
         "architecture": arch,
         "name": text("general.name"),
+        "pre_tokenizer": text("tokenizer.ggml.pre"),
         "tensor_types": sorted({t.tensor_type.name for t in reader.tensors}),
         "tensor_end": max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0),
         "tied_embeddings": all(t.name != "output.weight" for t in reader.tensors),

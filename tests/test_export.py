@@ -1,14 +1,16 @@
-"""`kit export`: adapter copy, a merged model that generates what the adapter model generates, GGUF's clear
-error without llama.cpp, the model card, and the refusals (no finished stage, a non-empty output)."""
+"""`kit export`: adapter copy, a merged model that generates what the adapter model generates, a GGUF file that
+loads again as a recipe's model (and k-quants' clear error without llama.cpp), the model card, and the refusals
+(no finished stage, a non-empty output)."""
 
 from __future__ import annotations
 
 import json
 
 import torch
-from helpers import run_cli, snapshot
+from helpers import DATA, run_cli, snapshot, write_recipe
 
 from kitcli.evaluate import generate
+from kitcli.tiny import file_sha256
 
 PROMPTS = [[{"role": "user", "content": "Ada has 3 apples and gets 5 more. How many apples does Ada have?"}],
            [{"role": "user", "content": "Bo has 7 cups and gets 2 more. How many cups does Bo have?"}],
@@ -69,13 +71,41 @@ def test_merged_export_is_16_bit_by_default(trained_run):
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
 
 
-def test_gguf_without_llama_cpp_says_what_to_install(trained_run, tmp_path, monkeypatch):
+def test_gguf_export_needs_no_llama_cpp_and_loads_again_as_a_model(trained_run, tmp_path, monkeypatch):
+    """The round trip a user makes: export the trained stage as GGUF (written by the kit, llama.cpp absent), then
+    start a recipe from that file. Its evaluation completes every held-out prompt exactly as the exported stage's
+    own evaluation did (f32: nothing rounded), and q8_0, the default, is the same model at a quarter of the size."""
+    monkeypatch.setenv("UNSLOTH_LLAMA_CPP_PATH", str(tmp_path / "no-llama.cpp"))
+    out = tmp_path / "gguf"
+    run_cli("export", trained_run, "--to", "gguf", "--quant", "f32", "--output", out)
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "sft.F32.gguf"]  # the tokenizer is in the file
+    assert "model: path/to/sft.F32.gguf" in (out / "README.md").read_text()
+    run_cli("export", trained_run, "--to", "gguf")
+    default = trained_run / "exports" / "sft-gguf-q8_0" / "sft.Q8_0.gguf"
+    assert default.stat().st_size < (out / "sft.F32.gguf").stat().st_size / 3
+
+    expected = [json.loads(line) for line in (trained_run / "eval-after" / "samples.jsonl").read_text().splitlines()]
+    before = [json.loads(line) for line in (trained_run / "eval-before" / "samples.jsonl").read_text().splitlines()]
+    assert [r["completion"] for r in expected] != [r["completion"] for r in before]  # the stage changed the model
+    stages = [{"name": "eval", "type": "eval", "data": {"path": str(DATA / "arithmetic_eval.jsonl"), "limit": 4},
+               "generation": {"max_new_tokens": 4}}]
+    recipe = write_recipe(tmp_path / "from-gguf.yaml", stages, name="from-gguf", model=str(out / "sft.F32.gguf"))
+    run_cli("run", recipe, "--output", tmp_path / "run")
+    again = [json.loads(line) for line in (tmp_path / "run" / "eval" / "samples.jsonl").read_text().splitlines()]
+    assert [r["completion"] for r in again] == [r["completion"] for r in expected]
+    lock = (tmp_path / "run" / "recipe.lock.yaml").read_text()
+    assert file_sha256(out / "sft.F32.gguf") in lock
+
+
+def test_gguf_k_quants_without_llama_cpp_say_what_to_install(trained_run, tmp_path, monkeypatch):
     monkeypatch.setenv("UNSLOTH_LLAMA_CPP_PATH", str(tmp_path / "no-llama.cpp"))
     before = snapshot(trained_run)
-    result = run_cli("export", trained_run, "--to", "gguf", "--quant", "q8_0", "--output", tmp_path / "gguf", expect=2)
-    assert result.output.startswith("Error: GGUF export needs llama.cpp")
+    result = run_cli("export", trained_run, "--to", "gguf", "--quant", "q4_k_m", "--output", tmp_path / "gguf",
+                     expect=2)
+    assert result.output.startswith("Error: this GGUF export needs llama.cpp (--quant q4_k_m (a k-quant) is made by "
+                                    "llama-quantize)")
     assert "convert_hf_to_gguf.py and llama-quantize" in result.output and "git clone" in result.output
-    assert "`kit export --to merged` works without it" in result.output
+    assert "--quant q8_0 or f16 of a LLaMA/Qwen model, and --to merged, work without it" in result.output
     assert len(result.output.strip().splitlines()) == 1
     assert not (tmp_path / "gguf").exists() and snapshot(trained_run) == before
 

@@ -177,3 +177,102 @@ def test_a_gguf_file_trains_and_its_sha256_is_locked(tmp_path):
         f.write(b"\0" * 32)
     changed = run_cli("run", recipe, "--output", tmp_path / "run", expect=2)
     assert "holds a run of a different recipe (model_file.sha256 differs)" in changed.output
+
+
+# --- the kit's own GGUF writer (kit export --to gguf without llama.cpp) -------------------------------------------
+
+def read_back(path):
+    """A GGUF file as transformers rebuilds it, through the kit's conversion (as `model: file.gguf` loads it)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = gguf.ensure_converted(path, log=lambda _: None)
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), AutoTokenizer.from_pretrained(folder)
+
+
+def test_the_kit_writes_a_llama_gguf_that_loads_back_to_the_same_model(tmp_path, tiny_model_dir):
+    """LLaMA is the architecture llama.cpp stores with permuted q/k rows; with grouped-query attention (4 heads, 2 KV
+    heads) and an untied output head, the file read back gives bit-identical logits, the same token ids for a chat
+    prompt, the chat template and the stop token."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from kitcli.gguf_export import unwritable, write_gguf
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    assert unwritable(LlamaConfig(), tiny_model_dir) == "a LLaMA-architecture model whose tokenizer has no BOS token"
+    tokenizer.bos_token = "<|endoftext|>"  # LLaMA-family tokenizers have one (the tiny model's Qwen2 one has not)
+    tokenizer.save_pretrained(str(tmp_path / "tokenizer"))
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id)).eval()
+    assert unwritable(model.config, tmp_path / "tokenizer") is None
+    target = tmp_path / "llama.F32.gguf"
+    written = write_gguf(model, tokenizer, tmp_path / "tokenizer", target, "f32", name="test-llama")
+    assert written["architecture"] == "llama" and written["tensors"] == {"F32": 2 * 9 + 3}
+
+    back, back_tokenizer = read_back(target)
+    assert type(back).__name__ == "LlamaForCausalLM" and not back.config.tie_word_embeddings
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "What is 12 + 7?"}], tokenize=False,
+                                         add_generation_prompt=True)
+    assert back_tokenizer.chat_template == tokenizer.chat_template
+    assert back_tokenizer(text).input_ids == tokenizer(text).input_ids
+    assert back_tokenizer.eos_token == tokenizer.eos_token == "<|im_end|>"
+    ids = torch.tensor([tokenizer(text).input_ids])
+    with torch.no_grad():
+        assert torch.equal(back(ids).logits, model(ids).logits)
+
+
+def test_what_the_kit_cannot_write_is_named(tmp_path, tiny_model_dir):
+    """Each of these goes to llama.cpp's converter instead (kit export says so, and what to install)."""
+    from transformers import Gemma2Config, LlamaConfig, MistralConfig, Qwen3Config
+
+    from kitcli.gguf_export import unwritable
+
+    assert unwritable(MistralConfig()) is None and unwritable(Qwen3Config(), tiny_model_dir) is None
+    assert "architecture 'gemma2'" in unwritable(Gemma2Config())
+    scaled = LlamaConfig(rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 8192})
+    assert unwritable(scaled) == "scaled RoPE ('llama3')"
+    qwen3 = Qwen3Config(hidden_size=1024, num_attention_heads=16, head_dim=128)  # Qwen3-0.6B's shapes
+    assert "qwen3 head size of 128" in unwritable(qwen3)
+    sentencepiece = tmp_path / "sp"
+    sentencepiece.mkdir()
+    (sentencepiece / "tokenizer.json").write_text(json.dumps(
+        {"model": {"type": "BPE", "byte_fallback": True}, "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"}]}}))
+    assert "not byte-level BPE" in unwritable(LlamaConfig(), sentencepiece)
+
+
+@needs_smol
+@pytest.mark.slow
+def test_smollm2_written_as_q8_0_generates_what_it_generated(tmp_path):
+    """The real model through the kit's writer: q8_0 (the default of kit export --to gguf), llama.cpp's
+    pre-tokenizer name of the source file kept, the same token ids and the same greedy answer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from kitcli.gguf_export import write_gguf
+
+    folder = gguf.ensure_converted(SMOL, log=lambda _: None)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.save_pretrained(str(tmp_path / "tokenizer"))
+    target = tmp_path / "smol.Q8_0.gguf"
+    write_gguf(model, tokenizer, tmp_path / "tokenizer", target, "q8_0", name="smol",
+               pre_tokenizer=gguf.header(SMOL)["pre_tokenizer"])
+    assert gguf.header(target)["pre_tokenizer"] == gguf.header(SMOL)["pre_tokenizer"] == "smollm"
+    assert target.stat().st_size < 0.3 * (folder / "model.safetensors").stat().st_size
+    back, back_tokenizer = read_back(target)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "Tom has 12 apples and buys 7 more. How many "
+                                                                      "apples does Tom have?"}],
+                                         tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    assert back_tokenizer(text).input_ids == ids[0].tolist()
+    assert back_tokenizer.eos_token == "<|im_end|>" and back_tokenizer.chat_template == tokenizer.chat_template
+    with torch.no_grad():
+        expected = model.generate(ids, max_new_tokens=12, do_sample=False)
+        assert torch.equal(back.generate(ids, max_new_tokens=12, do_sample=False), expected)
