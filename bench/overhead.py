@@ -5,7 +5,8 @@ hand-written TRL script with identical settings), alternated; wall-time and peak
 
 Goals: wall-time ratio at most 1.02, peak-RSS ratio at most 1.05. Both sides are whole processes (imports included).
 The loop columns compare TRL's own `train_runtime` (the training loop alone) on both sides, which isolates the
-per-step cost of kit's callbacks (dashboard, metrics file, alarms) from its fixed cost (lock file, checks, report).
+per-step cost of kit's callbacks (dashboard, metrics file, alarms) from its fixed cost (lock file, checks, report):
+`fixed +s` is the kit's time outside the loop minus the script's (median over the alternated pairs).
 """
 
 from __future__ import annotations
@@ -58,17 +59,20 @@ def main() -> None:
         raw_rss = statistics.median(r["peak_rss_mib"] for r in raw_runs)
         kit_loop = statistics.median(r["loop_s"] for r in kit_runs)
         raw_loop = statistics.median(r["loop_s"] for r in raw_runs)
-        rows.append({"stage": stage, "kit_s": kit_s, "trl_s": raw_s, "time_ratio": kit_s / raw_s,
+        # the kit's fixed cost: its time outside the training loop minus the script's, per alternated pair
+        fixed = statistics.median((k["seconds"] - k["loop_s"]) - (r["seconds"] - r["loop_s"])
+                                  for k, r in zip(kit_runs, raw_runs))
+        rows.append({"stage": stage, "kit_s": kit_s, "trl_s": raw_s, "time_ratio": kit_s / raw_s, "fixed_s": fixed,
                      "kit_loop_s": kit_loop, "trl_loop_s": raw_loop, "loop_ratio": kit_loop / raw_loop,
                      "kit_rss_mib": kit_rss, "trl_rss_mib": raw_rss, "rss_ratio": kit_rss / raw_rss,
                      "kit_all_s": [r["seconds"] for r in kit_runs], "trl_all_s": [r["seconds"] for r in raw_runs]})
     shutil.rmtree(work, ignore_errors=True)
     print(f"{'stage':6} {'kit s':>8} {'TRL s':>8} {'ratio':>6}   {'kit loop':>8} {'TRL loop':>8} {'ratio':>6}   "
-          f"{'kit MiB':>8} {'TRL MiB':>8} {'ratio':>6}")
+          f"{'kit MiB':>8} {'TRL MiB':>8} {'ratio':>6}   {'fixed +s':>8}")
     for r in rows:
         print(f"{r['stage']:6} {r['kit_s']:8.2f} {r['trl_s']:8.2f} {r['time_ratio']:6.3f}   "
               f"{r['kit_loop_s']:8.2f} {r['trl_loop_s']:8.2f} {r['loop_ratio']:6.3f}   "
-              f"{r['kit_rss_mib']:8.0f} {r['trl_rss_mib']:8.0f} {r['rss_ratio']:6.3f}")
+              f"{r['kit_rss_mib']:8.0f} {r['trl_rss_mib']:8.0f} {r['rss_ratio']:6.3f}   {r['fixed_s']:+8.2f}")
     print(f"results: {save('overhead', {'repeat': args.repeat, 'rows': rows})}")
 
 

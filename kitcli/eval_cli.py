@@ -181,7 +181,7 @@ def print_scores(summary: dict[str, Any], console) -> None:
 @click.command("report")
 @click.argument("run_dir", type=click.Path(file_okay=False))
 def report_command(run_dir: str) -> None:
-    """Write RUN_DIR/report.md and RUN_DIR/plots/*.png (curves of every stage, the eval table)."""
+    """Write RUN_DIR/report.md and RUN_DIR/plots/*.svg (curves of every stage, the eval table)."""
     from kitcli.report import write_report
 
     path = write_report(Path(run_dir))

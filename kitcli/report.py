@@ -1,11 +1,11 @@
-"""Run report: `report.md` and PNG plots (one figure per stage, plus the evaluation table) in a run directory.
+"""Run report: `report.md` and SVG plots (one figure per stage, plus the evaluation table) in a run directory.
 
     kit report runs/tiny-sft-20261202-120000
     kit run tiny-sft                 (writes the report at the end and prints its path)
 
 Everything is read back from the run directory (recipe.lock.yaml, each stage's DONE, metrics.jsonl, alarms.jsonl,
 completions.jsonl and samples.jsonl), so a report can be written for a finished, interrupted or old run.
-matplotlib is imported only when figures are drawn (the Agg backend: no display needed).
+The figures are written as SVG by kitcli/svgplot.py (no matplotlib: a run's report costs milliseconds).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kitcli import registry
+from kitcli import registry, svgplot
 from kitcli.errors import KitError
 from kitcli.rundir import LOCK_NAME, RunDir, StageDir, read_jsonl
 
@@ -186,78 +186,48 @@ def stage_panels(stage_type: str, rows: list[dict[str, Any]]) -> list[tuple[str,
     return [(key, key, [key]) for key in numeric[:FALLBACK_PANELS]]
 
 
-def stage_figure(title: str, stage_type: str, rows: list[dict[str, Any]]):
-    """One figure for a stage: a titled panel per curve group, step on x, the metric on y; None if nothing
+def stage_figure(title: str, stage_type: str, rows: list[dict[str, Any]]) -> str | None:
+    """One SVG figure for a stage: a titled panel per curve group, step on x, the metric on y; None if nothing
     was logged."""
     panels = stage_panels(stage_type, rows)
     if not panels:
         return None
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    columns = 1 if len(panels) == 1 else 2 if len(panels) <= 4 else 3
-    lines = math.ceil(len(panels) / columns)
-    figure = Figure(figsize=(5.2 * columns, 3.4 * lines))
-    axes = figure.subplots(lines, columns, squeeze=False)
-    for ax, (panel_title, ylabel, keys) in zip(axes.flat, panels):
-        for key in keys:
-            xs, ys = series(rows, key)
-            ax.plot(xs, ys, marker="o" if len(xs) <= 30 else None, markersize=3, linewidth=1.5,
-                    label=key.split("/", 1)[1].rsplit("/", 1)[0] if key.startswith("rewards/") and
-                    key.endswith("/mean") else key)
-        ax.set_title(panel_title)
-        ax.set_xlabel("step")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        if len(keys) > 1:
-            ax.legend(fontsize="small")
-    for ax in list(axes.flat)[len(panels):]:
-        ax.set_visible(False)
-    figure.suptitle(title, fontsize=13)
-    figure.tight_layout()
-    return figure
+    return svgplot.line_figure(title, [
+        svgplot.Panel(panel_title, ylabel, [svgplot.Series(series_label(key), *series(rows, key)) for key in keys])
+        for panel_title, ylabel, keys in panels])
 
 
-def eval_figure(evals: list[tuple[dict[str, Any], dict[str, Any]]]):
+def series_label(key: str) -> str:
+    return key.split("/", 1)[1].rsplit("/", 1)[0] if key.startswith("rewards/") and key.endswith("/mean") else key
+
+
+def eval_figure(evals: list[tuple[dict[str, Any], dict[str, Any]]]) -> str | None:
     """Grouped bars: one group per eval stage, one bar per score."""
     keys = eval_metric_keys([summary for _, summary in evals])
     if not evals or not keys:
         return None
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(max(6.0, 1.6 * len(evals) * max(1, len(keys)) ** 0.5 + 2), 4.2))
-    ax = figure.subplots()
-    width = 0.8 / len(keys)
-    for offset, key in enumerate(keys):
-        values = [summary.get(key) if isinstance(summary.get(key), (int, float)) else 0.0 for _, summary in evals]
-        positions = [i + (offset - (len(keys) - 1) / 2) * width for i in range(len(evals))]
-        bars = ax.bar(positions, values, width=width, label=metric_label(key))
-        ax.bar_label(bars, fmt="%.3f", fontsize="small")
-    ax.set_xticks(range(len(evals)))
-    ax.set_xticklabels([f"{stage['name']}\n({stage.get('init') or 'base'})" for stage, _ in evals])
-    ax.set_title("held-out evaluation before and after training")
-    ax.set_xlabel("eval stage (model evaluated)")
-    ax.set_ylabel("score")
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize="small")
-    figure.tight_layout()
-    return figure
+    groups = [f"{stage['name']}\n({stage.get('init') or 'base'})" for stage, _ in evals]
+    bars = [svgplot.Series(metric_label(key), list(range(len(evals))),
+                           [summary.get(key) if isinstance(summary.get(key), (int, float)) else 0.0
+                            for _, summary in evals]) for key in keys]
+    return svgplot.bar_figure("held-out evaluation before and after training", groups, bars,
+                              "eval stage (model evaluated)", "score")
 
 
-def up_to_date(png: Path, stage_dir: Path) -> bool:
+def up_to_date(figure: Path, stage_dir: Path) -> bool:
     """Whether a stage's plot is newer than every file it is drawn from. A run of several stages redraws only the
-    stages that ran (matplotlib's import and each figure cost a few tenths of a second on a CPU)."""
-    if not png.is_file():
+    stages that ran."""
+    if not figure.is_file():
         return False
     sources = [stage_dir / name for name in ("DONE", "metrics.jsonl")]
     newest = max((f.stat().st_mtime_ns for f in sources if f.is_file()), default=None)
-    return newest is not None and png.stat().st_mtime_ns > newest
+    return newest is not None and figure.stat().st_mtime_ns > newest
 
 
-def save_figure(figure, path: Path) -> None:
-    """Figures are built without pyplot (no global figure registry to close, and less to import)."""
-    figure.savefig(path, dpi=110)
+def save_figure(figure: str, path: Path) -> None:
+    staging = path.with_name(path.name + ".tmp")
+    staging.write_text(figure, encoding="utf-8")
+    staging.replace(path)
 
 
 # --- report.md ----------------------------------------------------------------------------------------------
@@ -283,7 +253,7 @@ def message_text(value: Any, limit: int = 160) -> str:
 
 
 def write_report(run_dir: Path) -> Path:
-    """Write `<run_dir>/report.md` and `<run_dir>/plots/*.png`; returns the report's path."""
+    """Write `<run_dir>/report.md` and `<run_dir>/plots/*.svg`; returns the report's path."""
     run = load_run(Path(run_dir))
     plots = RunDir(run.run_dir).plots
     plots.mkdir(exist_ok=True)
@@ -310,15 +280,15 @@ def write_report(run_dir: Path) -> Path:
     if evals:
         header, table = before_after(evals)
         lines += ["## Evaluation (held-out)", "", markdown_table(header, table), ""]
-        png = plots / "eval.png"
-        drawn = all(up_to_date(png, s.directory) for s in run.evals())
+        svg = plots / "eval.svg"
+        drawn = all(up_to_date(svg, s.directory) for s in run.evals())
         if not drawn:
             figure = eval_figure(evals)
             if figure is not None:
-                save_figure(figure, png)
+                save_figure(figure, svg)
                 drawn = True
         if drawn:
-            lines += [f"![held-out evaluation]({plots.name}/eval.png)", ""]
+            lines += [f"![held-out evaluation]({plots.name}/eval.svg)", ""]
 
     for record in run.stages:
         lines += [f"## Stage {record.index}: {record.name} ({record.type})", ""]
@@ -329,16 +299,16 @@ def write_report(run_dir: Path) -> Path:
         if registry.specs().get(record.type) is not None and registry.spec(record.type).evaluates:
             lines += eval_section(record)
             continue
-        png = plots / f"{record.name}.png"
-        drawn = up_to_date(png, record.directory)  # by an earlier `kit run` from the same files: keep it
+        svg = plots / f"{record.name}.svg"
+        drawn = up_to_date(svg, record.directory)  # by an earlier `kit run` from the same files: keep it
         if not drawn:
             figure = stage_figure(f"stage {record.index}: {record.name} ({record.type})", record.type,
                                   record.metrics)
             if figure is not None:
-                save_figure(figure, png)
+                save_figure(figure, svg)
                 drawn = True
         if drawn:
-            lines += [f"![{record.name} training curves]({plots.name}/{record.name}.png)", ""]
+            lines += [f"![{record.name} training curves]({plots.name}/{record.name}.svg)", ""]
             keys = [k for _, _, ks in stage_panels(record.type, record.metrics) for k in ks]
             lines += [markdown_table(["metric", "first", "last", "min", "max"], curve_summary(record.metrics, keys)),
                       ""]

@@ -186,4 +186,4 @@ def test_grpo_stage_shows_rewards_and_keeps_recent_completions(in_tmp, tiny_mode
                for s in saved)
     assert "How many" in saved[0]["prompt"]
     report = (in_tmp / "run" / "report.md").read_text()
-    assert "Recent completions (step 2):" in report and (in_tmp / "run" / "plots" / "grpo.png").exists()
+    assert "Recent completions (step 2):" in report and (in_tmp / "run" / "plots" / "grpo.svg").exists()

@@ -1,15 +1,19 @@
 """Evaluation and the run report: eval stages with rewards before and after SFT, the before/after table,
-`kit eval` on a run's stage and on the tiny model (pass@k), `kit report`'s files and the data in its plots."""
+`kit eval` on a run's stage and on the tiny model (pass@k), `kit report`'s files and the data in its plots (SVG)."""
 
 from __future__ import annotations
 
 import json
 import re
+from xml.etree import ElementTree
 
 import pytest
 from helpers import DATA, done, metrics, run_cli, write_recipe
 
+from kitcli.report import load_run
 from kitcli.stages.eval import ks_for, pass_at_k
+
+SVG = "{http://www.w3.org/2000/svg}"
 
 EVAL_DATA = {"path": str(DATA / "arithmetic_eval.jsonl"), "limit": 12}
 GREEDY = {"max_new_tokens": 4, "batch_size": 12, "temperature": 0.0}
@@ -61,26 +65,33 @@ def test_eval_stages_score_rewards_and_print_before_after(run_dir):
 def test_report_files_and_plotted_data(run_dir):
     run, _ = run_dir
     report = (run / "report.md").read_text()
-    for png in ("sft.png", "eval.png"):
-        data = (run / "plots" / png).read_bytes()
-        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
-        assert f"(plots/{png})" in report
+    for svg in ("sft.svg", "eval.svg"):
+        assert ElementTree.parse(run / "plots" / svg).getroot().tag == "{http://www.w3.org/2000/svg}svg"
+        assert f"(plots/{svg})" in report
     assert "## Evaluation (held-out)" in report
     assert "| score | eval-before (base) | eval-after (sft) | change |" in report
     before, after = done(run / "eval-before")["exact_match"], done(run / "eval-after")["exact_match"]
     assert f"| exact match | {before:.3f} | {after:.3f} | {after - before:+.3f} |" in report
     assert "## Stage 2: sft (sft)" in report
 
-    from kitcli.report import load_run, stage_figure
-
+    # the loss panel of sft.svg draws the logged losses: its data, and its points in the same order on the page
     logged = metrics(run / "sft")
-    figure = stage_figure("sft", "sft", logged)
-    loss_axis = next(ax for ax in figure.axes if ax.get_title() == "loss")
-    assert loss_axis.get_xlabel() == "step" and loss_axis.get_ylabel() == "loss"
-    line = loss_axis.lines[0]
-    assert list(line.get_xdata()) == [r["step"] for r in logged if "loss" in r] == [2, 4, 6]
-    assert list(line.get_ydata()) == pytest.approx([r["loss"] for r in logged if "loss" in r])
-    assert figure._suptitle.get_text() == "sft"
+    figure = ElementTree.parse(run / "plots" / "sft.svg").getroot()
+    loss = next(g for g in figure.iter(SVG + "g") if g.get("data-title") == "loss")
+    line = loss.find(SVG + "polyline")
+    assert [float(x) for x in line.get("data-x").split(",")] == [r["step"] for r in logged if "loss" in r] == [2, 4, 6]
+    losses = [r["loss"] for r in logged if "loss" in r]
+    assert [float(y) for y in line.get("data-y").split(",")] == pytest.approx(losses, rel=1e-5)
+    points = [tuple(map(float, p.split(","))) for p in line.get("points").split()]
+    assert [x for x, _ in points] == sorted(x for x, _ in points)
+    by_value = sorted(range(3), key=lambda i: losses[i])
+    assert sorted(range(3), key=lambda i: -points[i][1]) == by_value  # a higher loss is drawn higher
+    assert figure.find(SVG + "title").text == "stage 2: sft (sft)"
+    bars = ElementTree.parse(run / "plots" / "eval.svg").getroot()
+    exact = next(g for g in bars.iter(SVG + "g") if g.get("data-label") == "exact match")
+    assert [float(v) for v in exact.get("data-y").split(",")] == pytest.approx([before, after], abs=1e-6)
+    heights = [float(r.get("height")) for r in exact.iter(SVG + "rect")]
+    assert (heights[0] < heights[1]) == (before < after)
 
     (run / "report.md").unlink()
     result = run_cli("report", run)
@@ -137,3 +148,25 @@ def test_kit_eval_and_report_errors(run_dir, tmp_path):
     assert "a reward stage is a scorer, not a policy" in scorer.output
     untrained = run_cli("eval", fake, "--data", DATA / "arithmetic_eval.jsonl", expect=2)
     assert "no stage of this run has saved a model yet" in untrained.output
+
+
+def test_svg_figures_are_valid_for_awkward_data():
+    """One point, a constant series, a NaN, a label with markup characters, negative bars: still one well-formed SVG
+    whose drawn points stay inside their panel."""
+    from kitcli.svgplot import PANEL_H, PANEL_W, Panel, Series, bar_figure, line_figure
+
+    panels = [Panel("one point", "loss", [Series("loss", [3], [0.5])]),
+              Panel("flat & <odd>", "kl", [Series("a<b", [1, 2, 3], [0.0, 0.0, 0.0]),
+                                           Series("nan", [1, 2, 3], [1.0, float("nan"), 2.0])])]
+    root = ElementTree.fromstring(line_figure("t & <u>", panels))
+    assert root.find(SVG + "title").text == "t & <u>"
+    for line in root.iter(SVG + "polyline"):
+        for point in line.get("points").split():
+            x, y = map(float, point.split(","))
+            assert 0 <= x <= PANEL_W and 0 <= y <= PANEL_H
+    assert {line.get("data-label") for line in root.iter(SVG + "polyline")} == {"loss", "a<b", "nan"}
+    bars = ElementTree.fromstring(bar_figure("bars", ["x\n(base)", "y"], [Series("change", [0, 1], [-0.2, 0.4])],
+                                             "stage", "score"))
+    heights = [float(r.get("height")) for g in bars.iter(SVG + "g") if g.get("data-label") == "change"
+               for r in g.iter(SVG + "rect")]
+    assert heights[0] > 0 and heights[1] == pytest.approx(2 * heights[0], rel=0.02)

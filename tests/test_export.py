@@ -147,10 +147,10 @@ def test_the_report_redraws_only_the_plots_whose_stage_changed(trained_run, tmp_
     write_report(run)
 
     def drawn() -> dict[str, int]:
-        return {p.name: p.stat().st_mtime_ns for p in (run / "plots").glob("*.png")}
+        return {p.name: p.stat().st_mtime_ns for p in (run / "plots").glob("*.svg")}
 
     before = drawn()
-    assert {"sft.png", "eval.png"} <= before.keys()
+    assert {"sft.svg", "eval.svg"} <= before.keys()
     time.sleep(0.02)
     write_report(run)
     assert drawn() == before
@@ -158,6 +158,6 @@ def test_the_report_redraws_only_the_plots_whose_stage_changed(trained_run, tmp_
         f.write('{"step": 13, "loss": 1.0}\n')
     write_report(run)
     after = drawn()
-    assert after["sft.png"] > before["sft.png"] and after["eval.png"] == before["eval.png"]
+    assert after["sft.svg"] > before["sft.svg"] and after["eval.svg"] == before["eval.svg"]
     report = (run / "report.md").read_text()
-    assert "![sft training curves](plots/sft.png)" in report and "![held-out evaluation](plots/eval.png)" in report
+    assert "![sft training curves](plots/sft.svg)" in report and "![held-out evaluation](plots/eval.svg)" in report

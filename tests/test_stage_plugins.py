@@ -76,8 +76,8 @@ def test_a_stage_type_from_an_installed_package_runs(plugin, tmp_path):
     run_cli("run", recipe, "--output", run_dir)
     assert json.loads((run_dir / "count" / "DONE").read_text())["rows"] == 100
     assert [row["counted"] for row in metrics(run_dir / "count")] == [50.0, 100.0]
-    assert "![count training curves](plots/count.png)" in (run_dir / "report.md").read_text()
-    assert (run_dir / "plots" / "count.png").stat().st_size > 0
+    assert "![count training curves](plots/count.svg)" in (run_dir / "report.md").read_text()
+    assert (run_dir / "plots" / "count.svg").stat().st_size > 0
     schema = json.loads(run_cli("recipes", "schema").output)
     assert "CountSection" in schema["$defs"]
 
