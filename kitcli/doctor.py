@@ -220,6 +220,29 @@ def check_named_models() -> list[Check]:
     return checks
 
 
+def check_gguf_export() -> list[Check]:
+    """What `kit export --to gguf` can write here: the kit's own writer (the gguf package) and llama.cpp."""
+    from kitcli.export import LLAMA_CPP_INSTALL, llama_cpp_dir
+    from kitcli.gguf import GGUF_INSTALL
+    from kitcli.gguf_export import KIT_QUANTS, WRITABLE
+
+    if version_of("gguf") is None:
+        checks = [Check("gguf export", "warn", "the gguf package is not installed (optional)", GGUF_INSTALL)]
+    else:
+        checks = [Check("gguf export", "ok", f"the kit writes {'/'.join(KIT_QUANTS)} GGUF files of "
+                                             f"{'/'.join(WRITABLE)} models itself")]
+    folder = llama_cpp_dir()
+    converter = any((folder / n).is_file() for n in ("convert_hf_to_gguf.py", "convert-hf-to-gguf.py"))
+    quantizer = any((folder / n).is_file() and os.access(folder / n, os.X_OK) for n in ("llama-quantize", "quantize"))
+    if converter and quantizer:
+        checks.append(Check("llama.cpp", "ok", f"{folder}: k-quants (q4_k_m, ...) and other architectures"))
+    else:
+        checks.append(Check("llama.cpp", "warn", f"not found in {folder} (optional): GGUF k-quants (q4_k_m, ...) "
+                                                 f"and architectures the kit does not write need it",
+                            LLAMA_CPP_INSTALL))
+    return checks
+
+
 def check_vllm() -> Check:
     version = version_of("vllm")
     if version is None:
@@ -268,7 +291,8 @@ def check_offline() -> Check:
 
 def run_checks() -> list[Check]:
     checks = [check_python(), *check_torch(), *check_libraries(), check_bitsandbytes_4bit(), check_unsloth(),
-              check_vllm(), *check_named_models(), *check_versions(), *check_disk(), check_offline()]
+              check_vllm(), *check_gguf_export(), *check_named_models(), *check_versions(), *check_disk(),
+              check_offline()]
     return checks
 
 

@@ -30,6 +30,21 @@ def test_doctor_json_reports_every_check_and_passes_here():
         assert check["status"] == "ok" or check["fix"] or check["name"] == "bf16", check
 
 
+def test_doctor_says_what_gguf_export_can_write(monkeypatch, tmp_path):
+    monkeypatch.setenv("UNSLOTH_LLAMA_CPP_PATH", str(tmp_path / "none"))
+    by_name = {c["name"]: c for c in json.loads(run_cli("doctor", "--json").stdout)["checks"]}
+    assert by_name["gguf export"]["status"] == "ok" and "q8_0" in by_name["gguf export"]["detail"]
+    assert by_name["llama.cpp"]["status"] == "warn" and "k-quants" in by_name["llama.cpp"]["detail"]
+    llama_cpp = tmp_path / "llama.cpp"
+    llama_cpp.mkdir()
+    (llama_cpp / "convert_hf_to_gguf.py").write_text("")
+    (llama_cpp / "llama-quantize").write_text("")
+    (llama_cpp / "llama-quantize").chmod(0o755)
+    monkeypatch.setenv("UNSLOTH_LLAMA_CPP_PATH", str(llama_cpp))
+    by_name = {c["name"]: c for c in json.loads(run_cli("doctor", "--json").stdout)["checks"]}
+    assert by_name["llama.cpp"]["status"] == "ok" and by_name["llama.cpp"]["detail"].startswith(str(llama_cpp))
+
+
 def test_doctor_table_says_ready():
     result = run_cli("doctor")
     assert "kit doctor" in result.output and "ready: every critical check passed" in result.output
