@@ -11,7 +11,7 @@ a matrix whose rows do not fill whole quantization blocks is written f16.
 
 What it cannot write, it says before anything is written (`unwritable`), and the export falls back to llama.cpp's
 converter: other architectures, scaled RoPE (llama.cpp stores extra tensors for it), a SentencePiece tokenizer, and
-Qwen3 with a head size other than hidden/heads (transformers' loader does not read it back for qwen3).
+Qwen3 with a head size other than transformers' default of 128 (its GGUF loader does not read the head size).
 """
 
 from __future__ import annotations
@@ -54,9 +54,9 @@ def unwritable(config: Any, tokenizer_dir: Path | None = None) -> str | None:
         return f"architecture '{model_type}' (the kit writes {', '.join(WRITABLE)})"
     if rope_type(config) != "default":
         return f"scaled RoPE ('{rope_type(config)}')"
-    if model_type == "qwen3" and head_dim(config) != config["hidden_size"] // config["num_attention_heads"]:
-        return (f"a qwen3 head size of {head_dim(config)} (not hidden/heads), which transformers' GGUF loader does "
-                f"not read back")
+    if model_type != "llama" and head_dim(config) != read_back_head_dim(model_type, config):
+        return (f"a {model_type} head size of {head_dim(config)}: transformers' GGUF loader does not read it and "
+                f"assumes {read_back_head_dim(model_type, config)}")
     if tokenizer_dir is not None:
         tokenizer = json.loads((tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
         if tokenizer.get("model", {}).get("type") != "BPE" or not byte_level(tokenizer.get("decoder")):
@@ -65,6 +65,17 @@ def unwritable(config: Any, tokenizer_dir: Path | None = None) -> str | None:
         if WRITABLE[model_type][0] == "llama" and not settings.get("bos_token"):
             return "a LLaMA-architecture model whose tokenizer has no BOS token"
     return None
+
+
+def read_back_head_dim(model_type: str, config: dict[str, Any]) -> int:
+    """The head size transformers gives a model it reads from GGUF: LLaMA's is in the file (rope.dimension_count);
+    for the others its loader reads none and the config class's default applies (Qwen3: 128, as in every released
+    Qwen3; Qwen2 and Mistral: hidden / heads)."""
+    if model_type == "qwen3":
+        from transformers import Qwen3Config
+
+        return Qwen3Config().head_dim
+    return config["hidden_size"] // config["num_attention_heads"]
 
 
 def byte_level(node: Any) -> bool:

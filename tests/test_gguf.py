@@ -190,31 +190,39 @@ def read_back(path):
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), AutoTokenizer.from_pretrained(folder)
 
 
-def test_the_kit_writes_a_llama_gguf_that_loads_back_to_the_same_model(tmp_path, tiny_model_dir):
-    """LLaMA is the architecture llama.cpp stores with permuted q/k rows; with grouped-query attention (4 heads, 2 KV
-    heads) and an untied output head, the file read back gives bit-identical logits, the same token ids for a chat
-    prompt, the chat template and the stop token."""
+@pytest.mark.parametrize("architecture", ["llama", "qwen3"])
+def test_the_kit_writes_a_gguf_that_loads_back_to_the_same_model(architecture, tmp_path, tiny_model_dir):
+    """LLaMA is the architecture llama.cpp stores with permuted q/k rows, Qwen3 has q/k norms and a head size of its
+    own; with grouped-query attention (4 heads, 2 KV heads), the file read back gives bit-identical logits, the same
+    token ids for a chat prompt, the chat template and the stop token."""
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     from kitcli.gguf_export import unwritable, write_gguf
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
-    assert unwritable(LlamaConfig(), tiny_model_dir) == "a LLaMA-architecture model whose tokenizer has no BOS token"
-    tokenizer.bos_token = "<|endoftext|>"  # LLaMA-family tokenizers have one (the tiny model's Qwen2 one has not)
-    tokenizer.save_pretrained(str(tmp_path / "tokenizer"))
+    shapes = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                  eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
-        eos_token_id=tokenizer.eos_token_id)).eval()
+    if architecture == "llama":
+        no_bos = unwritable(LlamaConfig(), tiny_model_dir)
+        assert no_bos == "a LLaMA-architecture model whose tokenizer has no BOS token"
+        tokenizer.bos_token = "<|endoftext|>"  # LLaMA-family tokenizers have one (the tiny model's Qwen2 one has not)
+        model = LlamaForCausalLM(LlamaConfig(**shapes, tie_word_embeddings=False)).eval()
+        tensors = 2 * 9 + 3
+    else:
+        model = Qwen3ForCausalLM(Qwen3Config(**shapes, head_dim=128, tie_word_embeddings=True)).eval()
+        tensors = 2 * 11 + 2
+    tokenizer.save_pretrained(str(tmp_path / "tokenizer"))
     assert unwritable(model.config, tmp_path / "tokenizer") is None
-    target = tmp_path / "llama.F32.gguf"
-    written = write_gguf(model, tokenizer, tmp_path / "tokenizer", target, "f32", name="test-llama")
-    assert written["architecture"] == "llama" and written["tensors"] == {"F32": 2 * 9 + 3}
+    target = tmp_path / f"{architecture}.F32.gguf"
+    written = write_gguf(model, tokenizer, tmp_path / "tokenizer", target, "f32", name=f"test-{architecture}")
+    assert written["architecture"] == architecture and written["tensors"] == {"F32": tensors}
 
     back, back_tokenizer = read_back(target)
-    assert type(back).__name__ == "LlamaForCausalLM" and not back.config.tie_word_embeddings
+    assert type(back) is type(model)
+    assert back.config.tie_word_embeddings == model.config.tie_word_embeddings
     text = tokenizer.apply_chat_template([{"role": "user", "content": "What is 12 + 7?"}], tokenize=False,
                                          add_generation_prompt=True)
     assert back_tokenizer.chat_template == tokenizer.chat_template
@@ -237,8 +245,8 @@ def test_what_the_kit_cannot_write_is_named(tmp_path, tiny_model_dir):
                                           "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                           "original_max_position_embeddings": 8192})
     assert unwritable(scaled) == "scaled RoPE ('llama3')"
-    qwen3 = Qwen3Config(hidden_size=1024, num_attention_heads=16, head_dim=128)  # Qwen3-0.6B's shapes
-    assert "qwen3 head size of 128" in unwritable(qwen3)
+    assert unwritable(Qwen3Config(hidden_size=1024, num_attention_heads=16, head_dim=128)) is None  # Qwen3-0.6B
+    assert "qwen3 head size of 64" in unwritable(Qwen3Config(hidden_size=1024, num_attention_heads=16, head_dim=64))
     sentencepiece = tmp_path / "sp"
     sentencepiece.mkdir()
     (sentencepiece / "tokenizer.json").write_text(json.dumps(
