@@ -112,11 +112,14 @@ def line_panel(panel: Panel) -> list[str]:
         if len(points) <= 30:
             parts += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{color}"/>' for x, y in points]
     if len(panel.series) > 1:
+        left = width - 34 - 6.4 * max(len(s.label) for s in panel.series)  # about 6.4 px a character at 11 px
+        parts.append(f'<rect x="{left - 4:.1f}" y="3" width="{width - left:.1f}" height="{16 * len(panel.series) + 4}" '
+                     f'fill="white" fill-opacity="0.8"/>')
         for index, series in enumerate(panel.series):
             y = 14 + 16 * index
-            parts += [f'<line x1="{width - 150}" x2="{width - 130}" y1="{y - 4}" y2="{y - 4}" '
+            parts += [f'<line x1="{left:.1f}" x2="{left + 20:.1f}" y1="{y - 4}" y2="{y - 4}" '
                       f'stroke="{COLORS[index % len(COLORS)]}" stroke-width="2"/>',
-                      text(width - 125, y, series.label, 11, "start")]
+                      text(left + 25, y, series.label, 11, "start")]
     parts += [text(width / 2, -10, panel.title, 13), text(width / 2, height + 36, "step", 12),
               text(-52, height / 2, panel.ylabel, 12, extra=f' transform="rotate(-90 -52 {height / 2:.1f})"'),
               "</g>"]
