@@ -222,7 +222,7 @@ def check_named_models() -> list[Check]:
 
 def check_gguf_export() -> list[Check]:
     """What `kit export --to gguf` can write here: the kit's own writer (the gguf package) and llama.cpp."""
-    from kitcli.export import LLAMA_CPP_INSTALL, llama_cpp_dir
+    from kitcli.export import LLAMA_CPP_INSTALL, llama_cpp_dir, llama_cpp_files
     from kitcli.gguf import GGUF_INSTALL
     from kitcli.gguf_export import KIT_QUANTS, WRITABLE
 
@@ -232,9 +232,8 @@ def check_gguf_export() -> list[Check]:
         checks = [Check("gguf export", "ok", f"the kit writes {'/'.join(KIT_QUANTS)} GGUF files of "
                                              f"{'/'.join(WRITABLE)} models itself")]
     folder = llama_cpp_dir()
-    converter = any((folder / n).is_file() for n in ("convert_hf_to_gguf.py", "convert-hf-to-gguf.py"))
-    quantizer = any((folder / n).is_file() and os.access(folder / n, os.X_OK) for n in ("llama-quantize", "quantize"))
-    if converter and quantizer:
+    converter, quantizer = llama_cpp_files(folder)
+    if converter is not None and quantizer is not None:
         checks.append(Check("llama.cpp", "ok", f"{folder}: k-quants (q4_k_m, ...) and other architectures"))
     else:
         checks.append(Check("llama.cpp", "warn", f"not found in {folder} (optional): GGUF k-quants (q4_k_m, ...) "

@@ -53,14 +53,20 @@ def llama_cpp_dir() -> Path:
     return Path(os.environ.get("UNSLOTH_LLAMA_CPP_PATH", Path.home() / ".unsloth" / "llama.cpp"))
 
 
-def find_llama_cpp(why: str) -> tuple[str, str]:
-    """(llama-quantize, convert_hf_to_gguf.py) of a usable llama.cpp, or a KitError saying why it is needed and
-    what to install. Nothing is downloaded or built here."""
-    folder = llama_cpp_dir()
+def llama_cpp_files(folder: Path) -> tuple[Path | None, Path | None]:
+    """(convert_hf_to_gguf.py, an executable llama-quantize) in a llama.cpp folder, each None where missing."""
     converter = next((folder / n for n in ("convert_hf_to_gguf.py", "convert-hf-to-gguf.py")
                       if (folder / n).is_file()), None)
     quantizer = next((folder / n for n in ("llama-quantize", "quantize") if (folder / n).is_file()
                       and os.access(folder / n, os.X_OK)), None)
+    return converter, quantizer
+
+
+def find_llama_cpp(why: str) -> tuple[str, str]:
+    """(llama-quantize, convert_hf_to_gguf.py) of a usable llama.cpp, or a KitError saying why it is needed and
+    what to install. Nothing is downloaded or built here."""
+    folder = llama_cpp_dir()
+    converter, quantizer = llama_cpp_files(folder)
     if converter is None or quantizer is None:
         missing = " and ".join(n for n, p in (("convert_hf_to_gguf.py", converter), ("llama-quantize", quantizer))
                                if p is None)
@@ -139,19 +145,11 @@ def export_merged(policy: PolicyStage, staging: Path, dtype: str, log) -> dict[s
 def base_model_type(policy: PolicyStage) -> str | None:
     """The base model's transformers model_type, read without loading it (None where only loading would tell)."""
     from kitcli import gguf
-    from kitcli.plan.architecture import cached_hub_config, read_config, tiny_config
+    from kitcli.plan.architecture import local_config
 
-    name = policy.model["name"]
-    if name == "tiny":
-        return tiny_config().get("model_type")
-    source = gguf.source_file(name)
-    if source is not None:
-        architecture = gguf.header(source)["architecture"]
-        return gguf.ARCHITECTURE_ALIASES.get(architecture, architecture)
-    config = Path(name).expanduser() / "config.json"
-    if not config.is_file() and "/" in name:
-        config = cached_hub_config(name) or config
-    return read_config(config).get("model_type") if config.is_file() else None
+    found = local_config(policy.model["name"])
+    model_type = found[0].get("model_type") if found else None
+    return gguf.ARCHITECTURE_ALIASES.get(model_type, model_type)
 
 
 def gguf_needs_llama_cpp(policy: PolicyStage, quant: str) -> str | None:
@@ -172,7 +170,8 @@ def source_pre_tokenizer(policy: PolicyStage) -> str | None:
     return (gguf.header(source).get("pre_tokenizer") or None) if source is not None else None
 
 
-def export_gguf(policy: PolicyStage, staging: Path, quant: str, log) -> dict[str, Any]:
+def export_gguf(policy: PolicyStage, staging: Path, quant: str, needs_llama_cpp: str | None, log) -> dict[str, Any]:
+    """`needs_llama_cpp`: gguf_needs_llama_cpp's answer, given before loading; the loaded model may add a reason."""
     import torch
 
     model = merged_model(policy, "float32", log)
@@ -180,8 +179,7 @@ def export_gguf(policy: PolicyStage, staging: Path, quant: str, log) -> dict[str
     merged_dir = staging / "merged"
     tokenizer.save_pretrained(str(merged_dir))
     unhandled = gguf_export.unwritable(model.config, merged_dir)
-    reason = gguf_needs_llama_cpp(policy, quant) or (
-        f"the kit's own GGUF writer does not handle {unhandled}" if unhandled else None)
+    reason = needs_llama_cpp or (f"the kit's own GGUF writer does not handle {unhandled}" if unhandled else None)
     if reason is not None:
         return export_gguf_llama_cpp(model.to(torch.bfloat16), merged_dir, policy, staging, quant,
                                      find_llama_cpp(reason))
@@ -279,8 +277,9 @@ def run_export(path: str, *, to: str, quant: str | None, output: str | None, for
     out = Path(output) if output else default_output(policy, to, quant)
     check_output(out, force)
     check_exportable(policy, to)
-    if to == "gguf" and (why := gguf_needs_llama_cpp(policy, quant)):
-        find_llama_cpp(why)  # before loading anything: a missing llama.cpp fails fast
+    needs_llama_cpp = gguf_needs_llama_cpp(policy, quant) if to == "gguf" else None
+    if needs_llama_cpp:
+        find_llama_cpp(needs_llama_cpp)  # before loading anything: a missing llama.cpp fails fast
     staging = out.with_name(out.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -294,7 +293,7 @@ def run_export(path: str, *, to: str, quant: str | None, output: str | None, for
         elif to == "merged":
             details = export_merged(policy, staging, dtype, log)
         else:
-            details = export_gguf(policy, staging, quant, log)
+            details = export_gguf(policy, staging, quant, needs_llama_cpp, log)
         if to != "gguf":  # a GGUF file holds its tokenizer
             stage_tokenizer(policy).save_pretrained(str(staging))
         (staging / "README.md").write_text(model_card(policy, to, details), encoding="utf-8")

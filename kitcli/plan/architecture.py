@@ -176,6 +176,27 @@ def tiny_config() -> dict[str, Any]:
     return {**TINY_CONFIG, "vocab_size": TOKENIZER_VOCAB_SIZE}
 
 
+def local_config(model_name: str) -> tuple[dict[str, Any], str] | None:
+    """(config, where it came from) for a model described on this machine: the embedded tiny model, a GGUF file's
+    metadata (llama.cpp's architecture name as model_type), a local directory's config.json, or the hub cache;
+    None otherwise. Nothing is downloaded."""
+    if model_name == "tiny":
+        return tiny_config(), "embedded tiny model"
+    from kitcli import gguf
+
+    source = gguf.source_file(model_name)
+    if source is not None:
+        return gguf.config_from_metadata(source), f"GGUF metadata ({source.name})"
+    local = Path(model_name).expanduser()
+    if local.is_dir():
+        return (read_config(local / "config.json"), str(local / "config.json")) \
+            if (local / "config.json").is_file() else None
+    cached = cached_hub_config(model_name) if "/" in model_name else None
+    if cached is not None:
+        return read_config(cached), f"hub cache ({cached})"
+    return None
+
+
 def find_architecture(model_name: str, config_path: str | None = None) -> Architecture:
     """The model's architecture from --config, a local directory, the hub cache, the hub, or the built-in table."""
     if config_path:
@@ -185,22 +206,13 @@ def find_architecture(model_name: str, config_path: str | None = None) -> Archit
         if not path.is_file():
             raise KitError(f"--config '{config_path}' is not a config.json file (or a directory holding one)")
         return architecture_from_config(read_config(path), model_name, str(path))
-    if model_name == "tiny":
-        return architecture_from_config(tiny_config(), "tiny", "embedded tiny model")
-    from kitcli import gguf
-
-    source = gguf.source_file(model_name)
-    if source is not None:
-        return architecture_from_config(gguf.config_from_metadata(source), model_name, f"GGUF metadata ({source.name})")
+    found = local_config(model_name)
+    if found is not None:
+        return architecture_from_config(found[0], model_name, found[1])
     local = Path(model_name).expanduser()
     if local.is_dir():
-        if not (local / "config.json").is_file():
-            raise KitError(f"model directory '{local}' has no config.json; kit plan reads the architecture from "
-                           f"it (or pass --config PATH)")
-        return architecture_from_config(read_config(local / "config.json"), model_name, str(local / "config.json"))
-    cached = cached_hub_config(model_name) if "/" in model_name else None
-    if cached is not None:
-        return architecture_from_config(read_config(cached), model_name, f"hub cache ({cached})")
+        raise KitError(f"model directory '{local}' has no config.json; kit plan reads the architecture from "
+                       f"it (or pass --config PATH)")
     key = normalise_name(model_name)
     if key in BUILTIN_ARCHITECTURES:
         return architecture_from_config(BUILTIN_ARCHITECTURES[key], model_name, f"kit's built-in table ({key})")
