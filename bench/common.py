@@ -6,8 +6,10 @@ import json
 import os
 import platform
 import resource
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,19 +23,37 @@ def machine() -> dict:
             "platform": platform.platform(terse=True)}
 
 
-def timed(command: list[str], env: dict | None = None, cwd: Path | None = None) -> dict:
-    """Run `command`; return wall seconds, the child's peak RSS (MiB) and its exit code."""
+class RunFailed(SystemExit):
+    """A timed command that failed or ran out of time (a SystemExit, so scripts that do not catch it end with it)."""
+
+
+def timed(command: list[str], env: dict | None = None, cwd: Path | None = None, log: Path | None = None,
+          deadline: float | None = None) -> dict:
+    """Run `command`; return wall seconds, the child's peak RSS (MiB) and its output. With `log`, the output is also
+    written there as it comes; with `deadline` (a time.time()), the command and its process group are killed then."""
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env or os.environ.copy(),
-                               cwd=cwd)
-    output = process.stdout.read()
+                               cwd=cwd, process_group=0)
+    timer = None
+    if deadline is not None:
+        timer = threading.Timer(max(0.0, deadline - time.time()), os.killpg, (process.pid, signal.SIGKILL))
+        timer.start()
+    chunks = []
+    with open(log, "ab") if log else open(os.devnull, "wb") as sink:
+        for line in process.stdout:
+            chunks.append(line)
+            sink.write(line)
+            sink.flush()
     _, status, usage = os.wait4(process.pid, 0)
+    if timer:
+        timer.cancel()
     process.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.perf_counter() - started
+    output = b"".join(chunks).decode(errors="replace")
     if process.returncode != 0:
-        raise SystemExit(f"benchmark command failed ({process.returncode}): {' '.join(command)}\n"
-                         f"{output.decode(errors='replace')[-3000:]}")
-    return {"seconds": seconds, "peak_rss_mib": usage.ru_maxrss / 1024, "output": output.decode(errors="replace")}
+        why = "out of time" if deadline is not None and time.time() >= deadline else f"exit {process.returncode}"
+        raise RunFailed(f"benchmark command failed ({why}): {' '.join(command)}\n{output[-3000:]}")
+    return {"seconds": seconds, "peak_rss_mib": usage.ru_maxrss / 1024, "output": output}
 
 
 def save(name: str, payload: dict, directory: Path = RESULTS) -> Path:

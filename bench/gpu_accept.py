@@ -1,12 +1,14 @@
 """GPU acceptance run: every stage type on the embedded tiny model through the path a GPU runs (Unsloth's CUDA
 backend in 4-bit, Unsloth's generated trainers), with the checks that decide whether what trains is what the kit
-says, in one command that finishes within about 8 minutes on one GPU.
+says, in one command that ends within its budget (8 minutes with the install) on one GPU.
 
-    bash bench/gpu_wheels.sh                 # here: the wheels the GPU machine lacks, in groups it can receive
-    python bench/gpu_accept.py               # there, after the install lines in .whl/INSTALL
-    python bench/gpu_accept.py --reduced     # anywhere: the same run on the CPU with fewer steps (make test runs it)
+    python bench/wheelhouse.py                               # here: the wheels the GPU machine lacks (.whl/)
+    bash bench/offline_run.sh bench/gpu_accept.py            # there (bench/GPU.md): install, run, results in $OUT
+    python bench/gpu_accept.py --reduced                     # anywhere: the same run on the CPU, fewer steps
 
-What it does, writing bench/results/gpu-accept.json (gpu-accept-reduced.json with --reduced):
+Results are written as they come, under --results ($OUT where it is set, else bench/results): gpu-accept.json
+(gpu-accept-reduced.json with --reduced) first and again after each step, then run.log, resume.log and
+conformance.log. A step that runs out of its time is recorded as failed and the next one still runs.
 1. `kit run` of one recipe with every stage type: eval -> SFT -> eval -> reward model -> DPO -> GRPO (dr_grpo,
    dapo) -> GSPO -> PPO -> eval -> GRPO (grpo, beta 0.04). Per stage: the trainer class and backend it ran on,
    seconds, steps, tokens/s and peak VRAM (torch.cuda.max_memory_allocated, from DONE), and the reference it used.
@@ -39,12 +41,14 @@ import yaml
 from common import KIT, RESULTS, ROOT, machine, save
 
 DATA = ROOT / "examples" / "data"
-BUDGET_S = 480  # the whole run, on one GPU
+BUDGET_S = 450  # the whole run, on one GPU (bench/offline_run.sh passes what its cap leaves after the install)
+# What every child process gets: output as it comes (a command stopped at its limit keeps it), no hub lookups.
+CHILD_ENV = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
 
 
 def recipe(reduced: bool) -> dict:
     """Every stage type, in the order the checks need (the GRPO stage that is killed and resumed comes last)."""
-    steps = 2 if reduced else 30
+    steps = 2 if reduced else 20
     rl = {"per_device_train_batch_size": 16, "num_generations": 4, "max_completion_length": 4, "temperature": 1.0,
           "learning_rate": 2e-4, "logging_steps": 1}
     small_eval = {"path": str(DATA / "arithmetic_eval.jsonl"), "limit": 10 if reduced else 100}
@@ -85,11 +89,23 @@ def recipe(reduced: bool) -> dict:
     }
 
 
-def kit_run(recipe_path: Path, run_dir: Path, log: Path, timeout: float) -> subprocess.CompletedProcess:
+def run_logged(command: list[str], log: Path, deadline: float, env: dict | None = None) -> int | str:
+    """Run `command` with its output appended to `log`; its exit status, or "out of time" (then it and its process
+    group are killed at `deadline`)."""
     with open(log, "a") as out:
-        return subprocess.run(KIT + ["run", str(recipe_path), "--output", str(run_dir)], stdout=out,
-                              stderr=subprocess.STDOUT, cwd=ROOT, timeout=timeout, env={**os.environ,
-                                                                                         "PYTHONUNBUFFERED": "1"})
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, process_group=0,
+                                   env={**os.environ, **CHILD_ENV, **(env or {})})
+        try:
+            return process.wait(timeout=max(1.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            out.write(f"\n[gpu_accept] killed: out of time ({time.strftime('%H:%M:%S')})\n")
+            return "out of time"
+
+
+def kit_run(recipe_path: Path, run_dir: Path, log: Path, deadline: float) -> int | str:
+    return run_logged(KIT + ["run", str(recipe_path), "--output", str(run_dir)], log, deadline)
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -138,28 +154,27 @@ def adapter_distance(a: Path, b: Path) -> float:
     return float(sum(((x[k].float() - y[k].float()) ** 2).sum() for k in x if k in y) ** 0.5)
 
 
-def kill_and_resume(work: Path, recipe_path: Path, whole: Path, stage: dict, deadline: float) -> dict:
+def kill_and_resume(work: Path, recipe_path: Path, whole: Path, stage: dict, log: Path, deadline: float) -> dict:
     """The finished run without its last stage, that stage killed after its first checkpoint, then resumed."""
     run_dir = work / "run-resumed"
     shutil.copytree(whole, run_dir, ignore=shutil.ignore_patterns(stage["name"], "report.md", "plots"))
-    log = work / "resumed.log"
     checkpoint = run_dir / stage["name"] / "checkpoints" / f"checkpoint-{stage['train']['save_steps']}"
-    out = open(log, "a")  # noqa: SIM115  (the killed process writes to it; closed below)
-    process = subprocess.Popen(KIT + ["run", str(recipe_path), "--output", str(run_dir)], stdout=out,
-                               stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
-    while not (checkpoint / "trainer_state.json").exists():
-        if process.poll() is not None or time.time() > deadline:
-            process.kill()
-            out.close()
-            return {"ok": False, "error": "no checkpoint before the stage ended", "log": log.read_text()[-2000:]}
-        time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    out.close()
+    with open(log, "a") as out:
+        process = subprocess.Popen(KIT + ["run", str(recipe_path), "--output", str(run_dir)], stdout=out,
+                                   stderr=subprocess.STDOUT, cwd=ROOT, process_group=0, env={**os.environ, **CHILD_ENV})
+        while not (checkpoint / "trainer_state.json").exists():
+            if process.poll() is not None or time.time() > deadline:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                why = "out of time" if time.time() > deadline else "no checkpoint before the stage ended"
+                return {"ok": False, "error": why}
+            time.sleep(0.05)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
     killed_done = (run_dir / stage["name"] / "DONE").exists()
-    result = kit_run(recipe_path, run_dir, log, timeout=max(60.0, deadline - time.time()))
-    if result.returncode != 0:
-        return {"ok": False, "error": f"the resume exited {result.returncode}", "log": log.read_text()[-2000:]}
+    status = kit_run(recipe_path, run_dir, log, deadline)
+    if status != 0:
+        return {"ok": False, "error": f"the resume exited {status}" if isinstance(status, int) else status}
     done = json.loads((run_dir / stage["name"] / "DONE").read_text())
     adapter = Path(stage["name"]) / "adapter" / "adapter_model.safetensors"
     distance = adapter_distance(run_dir / adapter, whole / adapter)
@@ -169,19 +184,19 @@ def kill_and_resume(work: Path, recipe_path: Path, whole: Path, stage: dict, dea
             "relative": distance / moved if moved else None}
 
 
-def conformance(work: Path, reduced: bool, deadline: float) -> dict:
-    """The formula and identity tests on Unsloth's trainers, through pytest (its JUnit report, per test)."""
+def conformance(work: Path, reduced: bool, workers: int, log: Path, deadline: float) -> dict:
+    """The formula and identity tests on Unsloth's trainers, through pytest (its JUnit report, per test), each
+    failure's traceback written to the log as it happens (bench/instant_failures.py)."""
     report = work / "conformance.xml"
     selection = "unsloth and z_score" if reduced else "unsloth"
     tests = ["tests/test_rl_formulas.py", "tests/test_preference_formulas.py", "tests/test_trainer_families.py"]
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", selection, f"--junitxml={report}",
-               *tests]
+    parallel = ["-n", str(workers), "--dist", "load"] if workers > 1 else []
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "instant_failures", *parallel,
+               "-k", selection, f"--junitxml={report}", *tests]
     started = time.time()
-    try:
-        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
-                                timeout=max(30.0, deadline - time.time()))
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "error": "out of time"}
+    bench = str(ROOT / "bench")
+    status = run_logged(command, log, deadline, env={"PYTHONPATH": os.pathsep.join(
+        p for p in (bench, os.environ.get("PYTHONPATH")) if p)})
     cases = []
     if report.exists():
         for case in ElementTree.parse(report).getroot().iter("testcase"):
@@ -193,10 +208,9 @@ def conformance(work: Path, reduced: bool, deadline: float) -> dict:
                     outcome = "skipped: " + (child.get("message") or "")
             cases.append({"test": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome})
     failed = [c for c in cases if c["outcome"] in ("failure", "error")]
-    return {"ok": result.returncode == 0 and bool(cases) and not failed, "seconds": round(time.time() - started, 1),
-            "passed": sum(c["outcome"] == "passed" for c in cases), "failed": failed,
-            "skipped": [c for c in cases if c["outcome"].startswith("skipped")], "cases": cases,
-            "output_tail": result.stdout[-1500:] if result.returncode else ""}
+    return {"ok": status == 0 and bool(cases) and not failed, "exit": status,
+            "seconds": round(time.time() - started, 1), "passed": sum(c["outcome"] == "passed" for c in cases),
+            "failed": failed, "skipped": [c for c in cases if c["outcome"].startswith("skipped")], "cases": cases}
 
 
 def environment() -> dict:
@@ -218,29 +232,35 @@ def environment() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reduced", action="store_true", help="the CPU version: fewer steps, one conformance test")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="directory for the JSON (default bench/results)")
+    parser.add_argument("--results", type=Path, default=Path(os.environ.get("OUT") or RESULTS),
+                        help="folder for the JSON and the logs (default $OUT, else bench/results)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help=f"seconds for the whole run (default {BUDGET_S}; three times that with --reduced)")
+    parser.add_argument("--only", choices=["run", "conformance"], default=None,
+                        help="run: steps 1-2 (the recipe, its checks, kill and resume); conformance: step 3")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="pytest-xdist workers for the conformance tests (default 4 on a GPU, 1 on a CPU)")
     args = parser.parse_args()
     started = time.time()
-    deadline = started + (BUDGET_S * (3 if args.reduced else 1))
+    if args.reduced:  # on a CPU, force the classes a GPU runs (tests/test_offline_rehearsal.py)
+        os.environ.setdefault("KIT_TRAINERS", "unsloth")
+    budget = args.budget_s or BUDGET_S * (3 if args.reduced else 1)
+    args.results.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="kit-gpu-accept-"))
     try:
-        payload = accept(args.reduced, work, deadline)
+        payload = accept(args.reduced, work, args.results, started, budget, args.only, args.workers)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    payload["seconds"] = round(time.time() - started, 1)
-    path = save("gpu-accept-reduced" if args.reduced else "gpu-accept", payload, args.results)
-    for name, figures in payload["stages"].items():
-        print(f"{name:12} {figures['type']:7} {str(figures['trainer']):36} {cell(figures['seconds'])} s  "
-              f"{cell(figures['tokens_per_s'])} tok/s  {cell(figures['peak_vram_gib'])} GiB  {figures['headline']}")
     for check in payload["checks"]:
         print(f"{'ok  ' if check['ok'] else 'FAIL'} {check['check']}: {check.get('value')}")
     print(f"resume: {payload['resume']}")
     conf = payload["conformance"]
     print(f"conformance on Unsloth's trainers: {conf.get('passed')} passed, {len(conf.get('failed', []))} failed, "
-          f"{len(conf.get('skipped', []))} skipped")
-    if payload["run_log_tail"]:  # why the run failed, where a CI log shows it
-        print(f"the run exited {payload['run_exit']}; the end of its output:\n{payload['run_log_tail'][-1500:]}")
-    print(f"{'ACCEPTED' if payload['ok'] else 'NOT ACCEPTED'} in {payload['seconds']} s; results: {path}")
+          f"{len(conf.get('skipped', []))} skipped{'; ' + conf['error'] if conf.get('error') else ''}")
+    if payload["run_exit"] not in (0, None):  # why the run failed, where a CI log shows it
+        tail = (args.results / "run.log").read_text()[-1500:]
+        print(f"the run ended with {payload['run_exit']}; the end of its output:\n{tail}")
+    print(f"{'ACCEPTED' if payload['ok'] else 'NOT ACCEPTED'} in {payload['seconds']} s; results: {args.results}")
     sys.exit(0 if payload["ok"] else 1)
 
 
@@ -248,25 +268,63 @@ def cell(value) -> str:
     return f"{value:8.2f}" if isinstance(value, (int, float)) else f"{'-':>8}"
 
 
-def accept(reduced: bool, work: Path, deadline: float) -> dict:
+def print_stage(name: str, figures: dict) -> None:
+    print(f"{name:12} {figures['type']:7} {str(figures['trainer']):36} {cell(figures['seconds'])} s  "
+          f"{cell(figures['tokens_per_s'])} tok/s  {cell(figures['peak_vram_gib'])} GiB  {figures['headline']}",
+          flush=True)
+
+
+def accept(reduced: bool, work: Path, results: Path, started: float, budget: float, only: str | None = None,
+           workers: int | None = None) -> dict:
+    """The three steps, each with a deadline that leaves the later ones their share of the budget; the JSON is
+    rewritten after each step, so a command stopped at its limit still returns what was measured. On the lent GPU
+    the whole takes more than one command (bench/GPU.md): `only` runs steps 1-2 ("run") or step 3 ("conformance")."""
+    deadline = started + budget
+    payload = {"environment": environment(), "reduced": reduced, "budget_s": budget, "only": only, "stages": {},
+               "checks": [], "run_exit": None, "resume": {"ok": False, "error": "not run"},
+               "conformance": {"ok": False, "error": "not run"}, "ok": False}
+    on_gpu = payload["environment"]["gpu"] is not None
+    name = ("gpu-accept-reduced" if reduced else "gpu-accept") + (f"-{only}" if only else "")
+
+    def write() -> None:
+        payload["seconds"] = round(time.time() - started, 1)
+        save(name, payload, results)
+
+    write()
+    if only != "conformance":
+        run_steps(payload, reduced, work, results, deadline - (0 if only else 0.35 * budget), write)
+    if only != "run":
+        payload["conformance"] = conformance(work, reduced, workers or (4 if on_gpu else 1),
+                                             results / "conformance.log", deadline)
+    payload["ok"] = ((only == "conformance" or (payload["run_exit"] == 0 and payload["resume"]["ok"]
+                                                 and all(f["done"] for f in payload["stages"].values())
+                                                 and all(c["ok"] for c in payload["checks"])))
+                     and (only == "run" or payload["conformance"]["ok"]))
+    write()
+    return payload
+
+
+def run_steps(payload: dict, reduced: bool, work: Path, results: Path, deadline: float, write) -> None:
+    """Steps 1 and 2: the recipe with every stage type and its checks, then the last GRPO stage killed and resumed
+    (the run gets until 3/4 of the time left, the resume the rest)."""
     data = recipe(reduced)
     recipe_path = work / "gpu-accept.yaml"
     recipe_path.write_text(yaml.safe_dump(data, sort_keys=False))
     whole = work / "run"
-    result = kit_run(recipe_path, whole, work / "run.log", timeout=max(60.0, deadline - time.time()))
-    figures = {s["name"]: stage_figures(whole, s) for s in data["stages"]}
-    payload = {"environment": environment(), "reduced": reduced, "stages": figures,
-               "run_exit": result.returncode, "run_log_tail": (work / "run.log").read_text()[-3000:]
-               if result.returncode else ""}
+    run_deadline = time.time() + 0.75 * (deadline - time.time())
+    payload["run_exit"] = kit_run(recipe_path, whole, results / "run.log", run_deadline)
+    payload["stages"] = {s["name"]: stage_figures(whole, s) for s in data["stages"]}
+    for stage_name, figures in payload["stages"].items():
+        print_stage(stage_name, figures)
     on_gpu = payload["environment"]["gpu"] is not None
-    payload["checks"] = reference_checks(figures, data, tolerance=1e-3 if on_gpu else 1e-6)
-    payload["resume"] = kill_and_resume(work, recipe_path, whole, data["stages"][-1], deadline) \
-        if result.returncode == 0 else {"ok": False, "error": "the run failed"}
-    payload["conformance"] = conformance(work, reduced, deadline)
-    payload["ok"] = (result.returncode == 0 and all(f["done"] for f in figures.values())
-                     and all(c["ok"] for c in payload["checks"]) and payload["resume"]["ok"]
-                     and payload["conformance"]["ok"])
-    return payload
+    payload["checks"] = reference_checks(payload["stages"], data, tolerance=1e-3 if on_gpu else 1e-6)
+    write()
+    if payload["run_exit"] == 0:
+        payload["resume"] = kill_and_resume(work, recipe_path, whole, data["stages"][-1], results / "resume.log",
+                                            deadline)
+    else:
+        payload["resume"] = {"ok": False, "error": "the run did not finish"}
+    write()
 
 
 if __name__ == "__main__":

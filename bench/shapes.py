@@ -1,9 +1,14 @@
 """Speed and memory at real model shapes: the kit's stage against a hand-written TRL + PEFT + bitsandbytes script
 (bench/raw_peft.py, no Unsloth), side by side, alternated, with `kit plan`'s predicted peak next to the measured one.
 
-    python bench/shapes.py                         # on a CUDA machine: every shape and case below
-    python bench/shapes.py --shapes qwen3-0.6b     # some of them
-    python bench/shapes.py --reduced               # anywhere: the tiny shape, a few steps, no GPU columns
+    python bench/shapes.py --shape qwen3-0.6b --case sft-1024     # on a CUDA machine: one shape, one case
+    bash bench/offline_run.sh bench/shapes.py --shape qwen3-0.6b --case grpo-4x256   # the lent GPU (bench/GPU.md)
+    python bench/shapes.py --reduced                              # anywhere: the tiny shape, both cases, no GPU columns
+
+One shape and one case per command, so that each fits one 10-minute command on the lent GPU machine (a model is
+built once per command; the sides run alternated, --repeat times each). Results are written as they come under
+--results ($OUT where it is set): shapes-SHAPE-CASE.json after every run, and each run's output as a log; a run
+that fails or outlasts --budget-s is recorded and the command ends with what it measured.
 
 Models are built here with random weights from the architecture table the project ships
 (kitcli/plan/architecture.py: hidden size, layers, heads, KV heads, intermediate size, vocabulary, tied embeddings
@@ -14,8 +19,7 @@ kit run's effective config.json, so the settings are the same; the kit side runs
 
 Figures per case: seconds per step (TRL's train_runtime / steps), tokens/s, peak CUDA memory allocated and reserved,
 the ratios kit / hand-written, and the planner's predicted peak with its error against the kit's measured peak.
-`--reduced` runs in `make test` (tests/test_bench_shapes.py) so the script cannot rot; on the GPU machine install the
-wheels of the GPU acceptance run first (bench/gpu_wheels.sh, its INSTALL lines).
+`--reduced` runs in `make test` (tests/test_bench_shapes.py) so the script cannot rot.
 """
 
 from __future__ import annotations
@@ -28,10 +32,11 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import yaml
-from common import KIT, RESULTS, ROOT, save, timed
+from common import KIT, RESULTS, ROOT, RunFailed, save, timed
 
 sys.path.insert(0, str(ROOT))
 
@@ -111,9 +116,9 @@ def recipe(model_dir: Path, data: Path, stage: str, length: int, steps: int, on_
             "stages": [{"name": "x", "type": stage, **body, "train": train}]}
 
 
-def kit_side(recipe_path: Path, run_dir: Path) -> dict:
+def kit_side(recipe_path: Path, run_dir: Path, log: Path, deadline: float) -> dict:
     timed(KIT + ["run", str(recipe_path), "--output", str(run_dir), "--quiet"], env={**os.environ,
-                                                                                    "HF_HUB_OFFLINE": "1"}, cwd=ROOT)
+          "HF_HUB_OFFLINE": "1"}, cwd=ROOT, log=log, deadline=deadline)
     done = json.loads((run_dir / "x" / "DONE").read_text())
     rows = [json.loads(line) for line in (run_dir / "x" / "metrics.jsonl").read_text().splitlines() if line]
     runtime = next(r["train_runtime"] for r in reversed(rows) if "train_runtime" in r)
@@ -122,10 +127,11 @@ def kit_side(recipe_path: Path, run_dir: Path) -> dict:
             "peak_gib": done.get("peak_gpu_memory_gib"), "reserved_gib": done.get("peak_gpu_memory_reserved_gib")}
 
 
-def raw_side(stage: str, model_dir: Path, data: Path, config: Path, out: Path, four_bit: bool) -> dict:
+def raw_side(stage: str, model_dir: Path, data: Path, config: Path, out: Path, four_bit: bool, log: Path,
+             deadline: float) -> dict:
     command = [sys.executable, str(ROOT / "bench" / "raw_peft.py"), stage, str(model_dir), str(data), str(config),
                str(out)] + (["--four-bit"] if four_bit else [])
-    result = timed(command, env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=ROOT)
+    result = timed(command, env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=ROOT, log=log, deadline=deadline)
     figures = json.loads(result["output"].strip().splitlines()[-1])
     return {"step_s": figures["train_runtime"] / max(figures["steps"], 1),
             "tokens_per_s": figures["tokens"] / figures["train_runtime"] if figures["tokens"] else None,
@@ -149,42 +155,55 @@ def ratio(a, b):
     return round(a / b, 3) if a and b else None
 
 
-def measure(name: str, shape: dict, family: str, cases, steps: int, repeat: int, work: Path) -> list[dict]:
+def summary(name: str, case: str, kit_runs: list[dict], raw_runs: list[dict], plan: float | None) -> dict:
+    kit = {key: median(kit_runs, key) for key in ("step_s", "tokens_per_s", "peak_gib", "reserved_gib")}
+    raw = {key: median(raw_runs, key) for key in ("step_s", "tokens_per_s", "peak_gib", "reserved_gib")}
+    return {"shape": name, "case": case, "runs": {"kit": len(kit_runs), "trl_peft": len(raw_runs)},
+            "kit": kit, "trl_peft": raw,
+            "step_time_ratio": ratio(kit["step_s"], raw["step_s"]),
+            "tokens_per_s_ratio": ratio(kit["tokens_per_s"], raw["tokens_per_s"]),
+            "peak_ratio": ratio(kit["peak_gib"], raw["peak_gib"]), "planned_peak_gib": plan,
+            "plan_error_pct": round(100 * (plan - kit["peak_gib"]) / kit["peak_gib"], 1)
+            if plan and kit["peak_gib"] else None}
+
+
+def measure(name: str, shape: dict, family: str, case: tuple, steps: int, repeat: int, work: Path, results: Path,
+            deadline: float, write) -> dict:
+    """One shape, one case: the kit and the hand-written script alternated, `repeat` runs each; `write(row)` after
+    every run, so that what was measured comes back even if the command is stopped."""
     import torch
 
+    case_name, stage, length = case
     on_gpu = torch.cuda.is_available()
     model_dir = work / f"{name}-model"
     build_model(model_dir, shape, family)
     (work / "varied.py").write_text(REWARD)
-    rows = []
-    for case, stage, length in cases:
-        data = work / f"{case}.jsonl"
-        write_data(data, stage, length, shape["vocab_size"])
-        recipe_path = work / f"{name}-{case}.yaml"
-        recipe_path.write_text(yaml.safe_dump(recipe(model_dir, data, stage, length, steps, on_gpu), sort_keys=False))
-        kit_runs, raw_runs = [], []
-        for i in range(repeat):  # alternated: kit first, then the hand-written script first, ...
-            order = ("kit", "raw") if i % 2 == 0 else ("raw", "kit")
-            for side in order:
+    data = work / f"{case_name}.jsonl"
+    write_data(data, stage, length, shape["vocab_size"])
+    recipe_path = work / f"{name}-{case_name}.yaml"
+    recipe_path.write_text(yaml.safe_dump(recipe(model_dir, data, stage, length, steps, on_gpu), sort_keys=False))
+    plan = planned_peak(recipe_path)
+    kit_runs, raw_runs, failures = [], [], []
+    row = summary(name, case_name, kit_runs, raw_runs, plan)
+    for i in range(repeat):  # alternated: kit first, then the hand-written script first, ...
+        for side in ("kit", "raw") if i % 2 == 0 else ("raw", "kit"):
+            log = results / f"{case_name}-{side}-{i}.log"
+            try:
                 if side == "kit":
-                    kit_runs.append(kit_side(recipe_path, work / f"{name}-{case}-kit-{i}"))
+                    kit_runs.append(kit_side(recipe_path, work / f"{case_name}-kit-{i}", log, deadline))
                 else:
-                    config = work / f"{name}-{case}-kit-0" / "x" / "config.json"
+                    config = work / f"{case_name}-kit-0" / "x" / "config.json"
                     if not config.exists():  # the raw side reads the kit run's effective settings
-                        kit_side(recipe_path, work / f"{name}-{case}-kit-0")
-                    raw_runs.append(raw_side(stage, model_dir, data, config, work / f"{name}-{case}-raw-{i}",
-                                             four_bit=on_gpu))
-        kit = {key: median(kit_runs, key) for key in ("step_s", "tokens_per_s", "peak_gib", "reserved_gib")}
-        raw = {key: median(raw_runs, key) for key in ("step_s", "tokens_per_s", "peak_gib", "reserved_gib")}
-        plan = planned_peak(recipe_path)
-        rows.append({"shape": name, "case": case, "kit": kit, "trl_peft": raw,
-                     "step_time_ratio": ratio(kit["step_s"], raw["step_s"]),
-                     "tokens_per_s_ratio": ratio(kit["tokens_per_s"], raw["tokens_per_s"]),
-                     "peak_ratio": ratio(kit["peak_gib"], raw["peak_gib"]),
-                     "planned_peak_gib": plan,
-                     "plan_error_pct": round(100 * (plan - kit["peak_gib"]) / kit["peak_gib"], 1)
-                     if kit["peak_gib"] else None})
-    return rows
+                        kit_side(recipe_path, work / f"{case_name}-kit-0", log, deadline)
+                    raw_runs.append(raw_side(stage, model_dir, data, config, work / f"{case_name}-raw-{i}", on_gpu, log,
+                                             deadline))
+            except RunFailed as failure:
+                failures.append({"side": side, "run": i, "error": str(failure)})
+            row = {**summary(name, case_name, kit_runs, raw_runs, plan), "failures": failures}
+            write(row)
+            if time.time() > deadline:
+                return row
+    return row
 
 
 def cell(value, width: int = 8, digits: int = 2) -> str:
@@ -193,20 +212,35 @@ def cell(value, width: int = 8, digits: int = 2) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reduced", action="store_true", help="the tiny shape, a few steps (runs on a CPU)")
-    parser.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--reduced", action="store_true", help="the tiny shape, both cases, a few steps (on a CPU)")
+    parser.add_argument("--shape", choices=list(SHAPES), help="the model shape (one per command)")
+    parser.add_argument("--case", choices=[c[0] for c in CASES], help="the case (one per command)")
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default 10; 2 reduced)")
     parser.add_argument("--repeat", type=int, default=2, help="runs per side, alternated")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="directory for the JSON (default bench/results)")
+    parser.add_argument("--results", type=Path, default=Path(os.environ.get("OUT") or RESULTS),
+                        help="folder for the JSON and the logs (default $OUT, else bench/results)")
+    parser.add_argument("--budget-s", type=float, default=540, help="stop starting runs after this (default 540)")
     args = parser.parse_args()
+    if not args.reduced and not (args.shape and args.case):
+        parser.error("give --shape and --case (one of each per command), or --reduced")
+    deadline = time.time() + args.budget_s
+    args.results.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="kit-shapes-"))
+    name = "shapes-reduced" if args.reduced else f"shapes-{args.shape}-{args.case}"
+    rows: list[dict] = []
+
+    def write(row: dict) -> None:
+        save(name, {"steps": args.steps, "repeat": args.repeat, "rows": [*rows, row]}, args.results)
+
     try:
         if args.reduced:
-            rows = measure("reduced", REDUCED, "qwen3", REDUCED_CASES, args.steps or 2, args.repeat, work)
+            for case in REDUCED_CASES:
+                rows.append(measure("reduced", REDUCED, "qwen3", case, args.steps or 2, args.repeat, work,
+                                    args.results, deadline, write))
         else:
-            rows = [row for name in args.shapes for row in
-                    measure(name, BUILTIN_ARCHITECTURES[name], SHAPES[name], CASES, args.steps or 10, args.repeat,
-                            work)]
+            case = next(c for c in CASES if c[0] == args.case)
+            rows.append(measure(args.shape, BUILTIN_ARCHITECTURES[args.shape], SHAPES[args.shape], case,
+                                args.steps or 10, args.repeat, work, args.results, deadline, write))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("ratios are kit (Unsloth) / hand-written TRL + PEFT + bitsandbytes; plan error is planned vs kit's peak")
@@ -218,8 +252,10 @@ def main() -> None:
               f"{cell(r['step_time_ratio'], 6, 3)} {cell(r['tokens_per_s_ratio'], 11, 3)} "
               f"{cell(kit['peak_gib'])} {cell(raw['peak_gib'])} {cell(r['peak_ratio'], 6, 3)} "
               f"{cell(r['planned_peak_gib'])} {cell(r['plan_error_pct'], 8, 1)}")
-    name = "shapes-reduced" if args.reduced else "shapes"
-    print(f"results: {save(name, {'steps': args.steps, 'repeat': args.repeat, 'rows': rows}, args.results)}")
+        for failure in r.get("failures", []):
+            print(f"  failed: {failure}")
+    print(f"results: {args.results / (name + '.json')}")
+    sys.exit(1 if any(r.get("failures") for r in rows) else 0)
 
 
 if __name__ == "__main__":
