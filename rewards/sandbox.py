@@ -1,6 +1,15 @@
-"""Run untrusted completion code against test cases in a separate, limited process.
+"""Run untrusted completion code in a separate, limited process; judge what it computes in this one.
 
-Layers, from the OS up (`isolation()` probes once which ones hold on this machine; `kit rewards sandbox` prints it):
+The judge never runs inside the judged. The sandboxed process (rewards/sandbox_harness.py) gets the completion's
+code and, for assert tests, only the expressions that need the solution (`add(2, 3)`, never `== 5`); it sends back
+their values as plain data. For stdin/stdout tests it gets the input and writes to a pipe this process owns; the
+expected output never leaves here. rewards/judge.py then decides each test's verdict here, and the score is the
+share of those verdicts that pass: always within [0, 1], whatever the code did to its own interpreter (replaced
+builtins, objects that equal everything, forged reports, early exits). What the code controls is the values it
+reports, so it scores only where those values are right; see docs/rewards.md for what that still leaves open.
+
+Layers that contain the code itself, from the OS up (`isolation()` probes once which ones hold on this machine;
+`kit rewards sandbox` prints it):
 - a separate process in its own session, killed with its whole process group at the wall-clock limit;
 - `unshare --net --pid --fork --kill-child` where it works (Linux, as root or with user namespaces): no network
   interfaces but a down loopback, and every process the code starts dies with it;
@@ -12,10 +21,13 @@ Layers, from the OS up (`isolation()` probes once which ones hold on this machin
   (`python -I -S -B`: no environment variables, no user or site packages, no bytecode writes);
 - inside the interpreter, an audit hook that refuses writes outside that directory, new processes, ctypes and,
   unless allowed, sockets. It holds wherever Python runs, but code in C could get around it; the OS layers are
-  the ones that do not depend on the code behaving.
+  the ones that do not depend on the code behaving. The verdicts do not depend on it either.
 
 It contains accidents and reward hacking by a policy (hangs, memory hogs, fork bombs, stray writes, network
-calls); it is not a boundary against code written to escape it.
+calls, tampering with the harness); it is not a boundary against code written to escape the machine.
+
+`run_snippet` runs a piece of code on a given stdin under the same limits and returns its output and exit status
+(for tools that let a model run Python).
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ import functools
 import json
 import os
 import secrets
+import selectors
 import shutil
 import signal
 import stat
@@ -31,13 +44,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from rewards.judge import AssertCase, IOCase, assert_verdicts, output_matches
 
 HARNESS = Path(__file__).with_name("sandbox_harness.py")
-STARTUP_ALLOWANCE = 0.5  # seconds on top of time_limit for the interpreter to start, under load
+STARTUP_ALLOWANCE = 0.5  # seconds on top of the time limit for each sandbox process to start, under load
+EXIT_GRACE = 0.2         # seconds to keep reading after the process exited (a descendant may hold a pipe)
 UNSHARE_FLAGS = ["--net", "--pid", "--fork", "--kill-child"]
+CHANNEL_BYTES = 4 << 20  # most the parent reads of a process's reports
+OUTPUT_BYTES = 1 << 20   # most the parent reads of a program's stdout (more fails the test)
+STDERR_BYTES = 4000      # the tail of stderr kept for the detail
 
 
 @dataclass(frozen=True)
@@ -47,23 +66,29 @@ class SandboxLimits:
     max_processes: int = 16      # RLIMIT_NPROC
     max_file_mb: int = 16        # largest file the code may write (RLIMIT_FSIZE)
     network: bool = False
-    audit: bool = True           # the in-interpreter audit hook; tests turn it off to check the OS layers alone
+    audit: bool = True           # the in-interpreter audit hook; tests turn it off to check the other layers alone
 
 
 @dataclass
 class SandboxResult:
     status: str                  # passed | failed | error | timeout | memory | crashed | no_tests
-    passed: int = 0
-    total: int = 0
+    verdicts: list[bool] = field(default_factory=list)  # this process's verdict on each test, in order
     seconds: float = 0.0
     detail: str = ""
 
+    @property
+    def passed(self) -> int:
+        return sum(self.verdicts)
+
+    @property
+    def total(self) -> int:
+        return len(self.verdicts)
+
     def score(self, partial: bool = True) -> float:
-        if self.status in ("timeout", "memory", "crashed", "error") or self.total == 0:
+        """The share of tests passed (partial), else 1.0 only when all passed; within [0, 1] by construction."""
+        if not self.verdicts:
             return 0.0
-        if partial:
-            return self.passed / self.total
-        return float(self.passed == self.total)
+        return self.passed / self.total if partial else float(all(self.verdicts))
 
 
 @dataclass(frozen=True)
@@ -165,73 +190,126 @@ def isolation() -> Isolation:
     return Isolation(prefix=prefix, drop_to=drop_to, python=python, layers=layers)
 
 
-def normalize_tests(value: Any) -> list[dict[str, str]]:
-    """Test cases from a dataset column: assert statements (`"assert f(2) == 4"`), or stdin/stdout pairs
-    (`{"input": "2\\n", "output": "4\\n"}`, or APPS-style `{"inputs": [...], "outputs": [...]}`), as a list,
-    one item, or a JSON string of either."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        stripped = value.strip()
-        if stripped[:1] in ("[", "{"):
-            try:
-                return normalize_tests(json.loads(stripped))
-            except json.JSONDecodeError:
-                pass
-        return [{"kind": "assert", "code": value}] if stripped else []
-    if isinstance(value, dict):
-        if "inputs" in value and "outputs" in value:
-            pairs = zip(value["inputs"], value["outputs"])
-            return [{"kind": "io", "input": str(i), "output": str(o)} for i, o in pairs]
-        if "input" in value and "output" in value:
-            return [{"kind": "io", "input": str(value["input"]), "output": str(value["output"])}]
-        raise ValueError(f"a test case mapping needs input and output (or inputs and outputs), got keys "
-                         f"{', '.join(sorted(map(str, value)))}")
-    if isinstance(value, (list, tuple)):
-        return [case for item in value for case in normalize_tests(item)]
-    raise ValueError(f"test cases must be strings or input/output mappings, got {type(value).__name__}")
 
 
-def run_tests(code: str, tests: list[dict[str, str]], limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
-    """Run `code` then each test case in a fresh sandbox process; never raises for anything the code does."""
-    if not tests:
-        return SandboxResult("no_tests")
+@dataclass
+class Finished:
+    """What one sandbox process left: its exit, its reports (decoded lines) and the bytes of its stdout/stderr."""
+
+    mode: str
+    returncode: int | None
+    timed_out: bool
+    reports: list[dict]
+    stdout: bytes = b""
+    stderr: bytes = b""
+    overflow: bool = False       # stdout went past its cap; the process was stopped there
+    seconds: float = 0.0
+
+    def report(self, key: str) -> str | None:
+        return next((str(r[key]) for r in self.reports if key in r and "test" not in r), None)
+
+    def signal_name(self) -> str | None:
+        code = self.returncode
+        if code is None or code >= 0:
+            return None
+        return signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+
+
+def launch(mode: str, code: str, workdir: Path, limits: SandboxLimits, seconds: float, *, tests=None,
+           stdin: bytes | None = None, output_cap: int = 0) -> Finished:
+    """Start one sandbox process and read its channel (and stdout when `output_cap`) until it ends or `seconds`
+    (plus the startup allowance) have passed; kill its process group either way."""
     plan = isolation()
-    started = time.perf_counter()
-    workdir = Path(tempfile.mkdtemp(prefix="kit-sandbox-"))
+    started = time.monotonic()
+    channel_read, channel_write = os.pipe()
+    job = {"mode": mode, "code": code, "tests": tests or [], "channel": channel_write, "workdir": str(workdir),
+           "network": limits.network, "audit": limits.audit, "time_limit": seconds, "memory_mb": limits.memory_mb,
+           "max_processes": limits.max_processes, "max_file_mb": limits.max_file_mb,
+           "drop_to": list(plan.drop_to) if plan.drop_to else None}
+    job_path = workdir / f".job-{secrets.token_hex(8)}.json"
+    job_path.write_text(json.dumps(job), encoding="utf-8")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+    prefix = [flag for flag in plan.prefix if not (limits.network and flag == "--net")]
+    command = [*prefix, plan.python, "-I", "-S", "-B", str(HARNESS), str(job_path)]
+    with tempfile.TemporaryFile() as given:
+        given.write(stdin or b"")
+        given.seek(0)
+        try:
+            process = subprocess.Popen(command, stdin=given if stdin is not None else subprocess.DEVNULL,
+                                       stdout=subprocess.PIPE if output_cap else subprocess.DEVNULL,
+                                       stderr=subprocess.PIPE, cwd=workdir, env=env, start_new_session=True,
+                                       close_fds=True, pass_fds=(channel_write,))
+        finally:
+            os.close(channel_write)
+    streams = {channel_read: ("channel", CHANNEL_BYTES), process.stderr.fileno(): ("stderr", STDERR_BYTES)}
+    if output_cap:
+        streams[process.stdout.fileno()] = ("stdout", output_cap)
     try:
-        nonce = secrets.token_hex(8)
-        job = {"code": code, "tests": tests, "nonce": nonce, "workdir": str(workdir), "network": limits.network,
-               "audit": limits.audit, "time_limit": limits.time_limit, "memory_mb": limits.memory_mb,
-               "max_processes": limits.max_processes, "max_file_mb": limits.max_file_mb,
-               "drop_to": list(plan.drop_to) if plan.drop_to else None}
-        job_path = workdir / f".job-{nonce}.json"
-        job_path.write_text(json.dumps(job), encoding="utf-8")
-        if plan.drop_to:
-            os.chown(workdir, *plan.drop_to)
-        os.chmod(workdir, 0o700)
-        out_path, err_path = workdir.with_name(workdir.name + ".out"), workdir.with_name(workdir.name + ".err")
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
-        prefix = [flag for flag in plan.prefix if not (limits.network and flag == "--net")]
-        command = [*prefix, plan.python, "-I", "-S", "-B", str(HARNESS), str(job_path)]
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=workdir,
-                                       env=env, start_new_session=True, close_fds=True)
-            timed_out = False
-            try:
-                process.wait(timeout=limits.time_limit + STARTUP_ALLOWANCE)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                kill_group(process)
-        output = out_path.read_bytes()[: 1 << 20].decode("utf-8", "replace")
-        errors = err_path.read_bytes()[-2000:].decode("utf-8", "replace")
-        out_path.unlink(missing_ok=True)
-        err_path.unlink(missing_ok=True)
-        return interpret(output, errors, nonce, len(tests), process.returncode, timed_out,
-                         time.perf_counter() - started)
+        data, timed_out, overflow = collect(process, streams, started + seconds + STARTUP_ALLOWANCE)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        kill_group(process)
+        os.close(channel_read)
+        for pipe in (process.stdout, process.stderr):
+            if pipe is not None:
+                pipe.close()
+        job_path.unlink(missing_ok=True)
+    return Finished(mode, process.returncode, timed_out, decode_reports(data["channel"]), data.get("stdout", b""),
+                    data["stderr"], overflow, time.monotonic() - started)
+
+
+def collect(process: subprocess.Popen, streams: dict[int, tuple[str, int]],
+            deadline: float) -> tuple[dict[str, bytes], bool, bool]:
+    """Read the process's pipes until they close or the deadline; the first `cap` bytes of each (the last ones
+    of stderr). Returns the bytes by name, whether the deadline passed, and whether stdout overflowed."""
+    data = {name: bytearray() for name, _ in streams.values()}
+    selector = selectors.DefaultSelector()
+    for fd in streams:
+        selector.register(fd, selectors.EVENT_READ)
+    timed_out = overflow = False
+    exited_at = None
+    with selector:
+        while selector.get_map():
+            now = time.monotonic()
+            if now >= deadline:
+                timed_out = True
+                break
+            if exited_at is None and process.poll() is not None:
+                exited_at = now
+            if exited_at is not None and now - exited_at > EXIT_GRACE:
+                break
+            for key, _ in selector.select(timeout=min(deadline - now, 0.05)):
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    selector.unregister(key.fd)
+                    continue
+                name, cap = streams[key.fd]
+                buffer = data[name]
+                buffer += chunk
+                if name == "stderr":
+                    del buffer[:-cap]
+                elif len(buffer) > cap:
+                    del buffer[cap:]
+                    overflow = True
+                    return {k: bytes(v) for k, v in data.items()}, False, overflow
+    if not timed_out:
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 0))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+    return {k: bytes(v) for k, v in data.items()}, timed_out, overflow
+
+
+def decode_reports(raw: bytes) -> list[dict]:
+    """The channel's JSON lines; a line that is not a JSON object is dropped (the verdicts need none of them)."""
+    reports = []
+    for line in raw.split(b"\n"):
+        try:
+            report = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(report, dict):
+            reports.append(report)
+    return reports
 
 
 def kill_group(process: subprocess.Popen) -> None:
@@ -243,29 +321,115 @@ def kill_group(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def interpret(output: str, errors: str, nonce: str, total: int, returncode: int, timed_out: bool,
-              seconds: float) -> SandboxResult:
-    events = []
-    for line in output.splitlines():
-        if line.startswith(nonce + " "):
-            _, kind, text = line.split(" ", 2)
-            events.append((kind, json.loads(text)))
-    kinds = {kind for kind, _ in events}
-    failures = [text for kind, text in events if kind == "fail"]
+# --- running a completion against its tests ---------------------------------------------------------------------
+
+def run_tests(code: str, tests: list[AssertCase | IOCase], limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
+    """Run `code` against `tests` (rewards.judge.parse_tests): the assert tests in one sandbox process, each
+    stdin/stdout test in its own; judge every test here. Never raises for anything the code does."""
+    if not tests:
+        return SandboxResult("no_tests")
+    started = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="kit-sandbox-"))
+    verdicts: dict[int, bool] = {}
+    problems: list[str] = []
+    runs: list[Finished] = []
+    try:
+        plan = isolation()
+        if plan.drop_to:
+            os.chown(workdir, *plan.drop_to)
+        os.chmod(workdir, 0o700)
+        asserts = [(i, t) for i, t in enumerate(tests) if isinstance(t, AssertCase)]
+        if asserts:
+            jobs = [{"setup": t.setup, "probes": t.probes} for _, t in asserts]
+            runs.append(launch("probes", code, workdir, limits, limits.time_limit, tests=jobs))
+            judged = assert_verdicts(runs[-1].reports, [t for _, t in asserts], problems)
+            verdicts.update(zip([i for i, _ in asserts], judged))
+        for index, case in enumerate(tests):
+            if isinstance(case, IOCase) and not any(r.timed_out or r.report("error") for r in runs):
+                left = limits.time_limit - (time.monotonic() - started)
+                if left > 0:
+                    runs.append(launch("program", code, workdir, limits, left, stdin=case.input.encode("utf-8"),
+                                       output_cap=max(OUTPUT_BYTES, 2 * len(case.output.encode("utf-8")))))
+                    verdicts[index] = judge_program(runs[-1], case, index, problems)
+        return summarize([verdicts.get(i, False) for i in range(len(tests))], runs, problems,
+                         time.monotonic() - started)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def judge_program(run: Finished, case: IOCase, index: int, problems: list[str]) -> bool:
+    """A stdin/stdout test passes when the program exited 0 within its time and printed the expected lines."""
+    if run.timed_out or run.overflow or run.returncode != 0:
+        what = ("wall-clock limit reached" if run.timed_out else "printed more than it may" if run.overflow
+                else f"exit status {run.returncode}: {last_line(run.stderr)}")
+        problems.append(f"test {index}: {what}")
+        return False
+    if not output_matches(run.stdout.decode("utf-8", "replace"), case.output):
+        problems.append(f"test {index}: wrong output")
+        return False
+    return True
+
+
+def last_line(data: bytes) -> str:
+    lines = data.decode("utf-8", "replace").strip().splitlines()
+    return lines[-1][:200] if lines else ""
+
+
+def summarize(verdicts: list[bool], runs: list[Finished], problems: list[str], seconds: float) -> SandboxResult:
+    """How the sandbox ended (for the logs; the score comes from the verdicts alone)."""
     seconds = round(seconds, 3)
-    if timed_out:
-        return SandboxResult("timeout", total=total, seconds=seconds, detail="wall-clock limit reached")
-    if "memory" in kinds:
-        return SandboxResult("memory", total=total, seconds=seconds, detail=dict(events)["memory"])
-    if "error" in kinds:
-        return SandboxResult("error", total=total, seconds=seconds, detail=dict(events)["error"])
-    if "done" not in kinds:
-        if returncode is not None and returncode < 0:
-            name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
-            status = "timeout" if name == "SIGXCPU" else "crashed"
-            return SandboxResult(status, total=total, seconds=seconds, detail=f"killed by {name}")
-        tail = errors.strip().splitlines()[-1:] or [f"exit status {returncode}"]
-        return SandboxResult("crashed", total=total, seconds=seconds, detail=f"exited before finishing: {tail[0]}")
-    passed = int(dict(events)["done"].split()[0])
-    status = "passed" if passed == total else "failed"
-    return SandboxResult(status, passed=passed, total=total, seconds=seconds, detail="; ".join(failures[:2]))
+    if any(r.timed_out for r in runs) or any(r.signal_name() == "SIGXCPU" for r in runs):
+        return SandboxResult("timeout", verdicts, seconds, "wall-clock limit reached")
+    memory = next((r.report("memory") for r in runs if r.report("memory")), None)
+    if memory:
+        return SandboxResult("memory", verdicts, seconds, memory)
+    error = next((r.report("error") for r in runs if r.report("error")), None)
+    if error:
+        return SandboxResult("error", verdicts, seconds, error)
+    killed = next((r.signal_name() for r in runs if r.signal_name()), None)
+    if killed:
+        return SandboxResult("crashed", verdicts, seconds, f"killed by {killed}")
+    unfinished = next((r for r in runs if r.mode == "probes" and not r.report("end")), None)
+    if unfinished:
+        tail = last_line(unfinished.stderr) or f"exit status {unfinished.returncode}"
+        return SandboxResult("crashed", verdicts, seconds, f"exited before finishing: {tail}")
+    status = "passed" if all(verdicts) else "failed"
+    return SandboxResult(status, verdicts, seconds, "; ".join(problems[:2]))
+
+
+def run_batch(codes: list[str], tests: list[list[AssertCase | IOCase]], limits: SandboxLimits = SandboxLimits(),
+              workers: int = 2) -> list[SandboxResult]:
+    """`run_tests` for many completions, `workers` sandboxes at a time."""
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(lambda pair: run_tests(pair[0], pair[1], limits), zip(codes, tests)))
+
+
+# --- running a snippet ------------------------------------------------------------------------------------------
+
+@dataclass
+class SnippetResult:
+    status: str                  # ok (exit status 0) | error (an exception or another status) | timeout | memory
+    stdout: str                  # | crashed (killed by a signal)
+    stderr: str
+    exit_status: int | None
+    seconds: float
+
+
+def run_snippet(code: str, stdin: str = "", limits: SandboxLimits = SandboxLimits()) -> SnippetResult:
+    """Run `code` as a script in the sandbox, on `stdin`, under `limits`: its stdout (the first MiB), the tail of
+    its stderr (a traceback when it raised) and its exit status. Never raises for anything the code does."""
+    workdir = Path(tempfile.mkdtemp(prefix="kit-sandbox-"))
+    try:
+        plan = isolation()
+        if plan.drop_to:
+            os.chown(workdir, *plan.drop_to)
+        os.chmod(workdir, 0o700)
+        run = launch("program", code, workdir, limits, limits.time_limit, stdin=stdin.encode("utf-8"),
+                     output_cap=OUTPUT_BYTES)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    status = ("timeout" if run.timed_out or run.signal_name() == "SIGXCPU" else "memory" if run.report("memory")
+              else "crashed" if run.signal_name() else "ok" if run.returncode == 0 else "error")
+    return SnippetResult(status, run.stdout.decode("utf-8", "replace"), run.stderr.decode("utf-8", "replace"),
+                         run.returncode if run.returncode is not None and run.returncode >= 0 else None,
+                         round(run.seconds, 3))

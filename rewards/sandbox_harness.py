@@ -1,34 +1,27 @@
 """Runs inside the sandbox process (`python -I -S -B sandbox_harness.py JOB`); standard library only.
 
-Order matters: read the job, limit resources, drop privileges, install the audit hook, and only then compile
-and run the completion's code. Results go to the original stdout as lines that start with the job's nonce, so
-the code under test cannot forge them by printing.
+It computes values; it never judges them. The job holds the completion's code and, for assert tests, only the
+expressions to evaluate (probes, e.g. `add(2, 3)`): no expected value, no expected output, no comparison. The
+parent (rewards/sandbox.py, rewards/judge.py) decides every verdict from what comes back, so whatever the code does
+to this process (replace builtins, walk its frames, write on its channel) changes at most the values it reports.
+
+Order matters: read the job, limit resources, drop privileges, install the audit hook, and only then compile and
+run the completion's code. Two modes:
+- "probes": per test, run the code in a fresh namespace, then the test's import lines, then each probe; send
+  {"test": i, "ran": true} and, per probe, {"test": i, "probe": j, "value": <plain data>} or {..., "raised": why}
+  as JSON lines on the channel descriptor the parent passed.
+- "program": run the code as __main__ on the process's real stdin and stdout, which the parent owns, and exit with
+  the program's status.
 """
 
-import io
+import builtins
 import json
+import math
 import os
 import resource
 import sys
 
-
-class BoundedWriter(io.TextIOBase):
-    """Stands in for sys.stdout: keeps the first `limit` characters, drops the rest."""
-
-    def __init__(self, limit):
-        self.parts, self.size, self.limit = [], 0, limit
-
-    def writable(self):
-        return True
-
-    def write(self, text):
-        if self.size < self.limit:
-            self.parts.append(text[: self.limit - self.size])
-            self.size += len(self.parts[-1])
-        return len(text)
-
-    def getvalue(self):
-        return "".join(self.parts)
+MAX_DEPTH = 100
 
 
 def limit_resources(job):
@@ -108,51 +101,94 @@ def describe(error):
     return text[:300]
 
 
-def run_tests(job, report):
-    code = job["code"]
+def plain(value, depth=0):
+    """`value` as JSON-ready plain data with its types kept (the parent's rewards.judge.decode_plain reads it);
+    TypeError for anything that is not exactly a builtin value (an object with its own __eq__, a subclass of int,
+    a generator)."""
+    if depth > MAX_DEPTH:
+        raise TypeError("returned data nested too deeply")
+    kind = type(value)
+    if value is None or kind is bool or kind is str:
+        return value
+    if kind is int:
+        return value if -(2 ** 53) < value < 2 ** 53 else {"int": hex(value)}
+    if kind is float:
+        return value if math.isfinite(value) else {"float": repr(value)}
+    if kind is bytes:
+        return {"bytes": value.hex()}
+    if kind is list:
+        return [plain(item, depth + 1) for item in value]
+    if kind in (tuple, set, frozenset):
+        return {kind.__name__: [plain(item, depth + 1) for item in value]}
+    if kind is dict:
+        return {"dict": [[plain(k, depth + 1), plain(v, depth + 1)] for k, v in value.items()]}
+    raise TypeError(f"returned a {kind.__module__}.{kind.__qualname__}, which is not plain data (None, bool, int, "
+                    f"float, str, bytes, or a list, tuple, dict or set of those)")
+
+
+def run_probes(job, send):
     try:
-        compiled = compile(code, "<completion>", "exec")
+        compiled = compile(job["code"], "<completion>", "exec")
     except (SyntaxError, ValueError) as error:
-        report("error", describe(error))
+        send({"error": describe(error)})
         return
-    passed = 0
     for index, test in enumerate(job["tests"]):
-        stdout = BoundedWriter(1 << 20)
-        sys.stdout, sys.stderr = stdout, BoundedWriter(1 << 16)
+        namespace = {"__name__": "solution", "__builtins__": builtins}
         try:
-            if test["kind"] == "io":
-                sys.stdin = io.TextIOWrapper(io.BytesIO(test["input"].encode("utf-8")), encoding="utf-8")
-                try:
-                    exec(compiled, {"__name__": "__main__", "__builtins__": __builtins__})
-                except SystemExit as stop:
-                    if stop.code not in (None, 0):
-                        raise
-                ok = lines(stdout.getvalue()) == lines(test["output"])
-                failure = None if ok else f"wrong output for test {index}"
-            else:
-                sys.stdin = io.StringIO("")
-                namespace = {"__name__": "solution", "__builtins__": __builtins__}
-                exec(compiled, namespace)
-                exec(compile(test["code"], f"<test {index}>", "exec"), namespace)
-                failure = None
+            exec(compiled, namespace)
+            for line in test["setup"]:
+                exec(compile(line, f"<test {index}>", "exec"), namespace)
         except MemoryError:
-            sys.stdout = sys.__stdout__
-            report("memory", f"MemoryError in test {index}")
+            send({"memory": f"MemoryError in test {index}"})
             return
         except BaseException as error:  # the code under test may raise anything, SystemExit included
-            failure = f"test {index}: {describe(error)}"
-        finally:
-            sys.stdout, sys.stderr, sys.stdin = sys.__stdout__, sys.__stderr__, sys.__stdin__
-        if failure is None:
-            passed += 1
-            report("pass", str(index))
-        else:
-            report("fail", failure)
-    report("done", f"{passed} {len(job['tests'])}")
+            send({"test": index, "raised": describe(error)})
+            continue
+        send({"test": index, "ran": True})
+        for number, source in enumerate(test["probes"]):
+            try:
+                value = plain(eval(compile(source, f"<test {index}>", "eval"), namespace))
+            except MemoryError:
+                send({"memory": f"MemoryError in test {index}"})
+                return
+            except BaseException as error:
+                send({"test": index, "probe": number, "raised": describe(error)})
+                continue
+            send({"test": index, "probe": number, "value": value})
+    send({"end": True})
 
 
-def lines(text):
-    return [line.rstrip() for line in text.strip().splitlines()]
+def run_program(job, send):
+    """Run the code as a script; its output goes straight to the parent's pipe on descriptor 1."""
+    try:
+        compiled = compile(job["code"], "<completion>", "exec")
+    except (SyntaxError, ValueError) as error:
+        send({"error": describe(error)})
+        os.write(2, f"{describe(error)}\n".encode("utf-8", "replace"))
+        os._exit(1)
+    status = 0
+    try:
+        exec(compiled, {"__name__": "__main__", "__builtins__": builtins})
+    except SystemExit as stop:
+        status = stop.code if type(stop.code) is int else 0 if stop.code is None else 1
+        if stop.code is not None and type(stop.code) is not int:
+            os.write(2, f"{stop.code}\n".encode("utf-8", "replace"))
+    except MemoryError:
+        send({"memory": "MemoryError"})
+        status = 1
+    except BaseException as error:
+        import traceback
+
+        send({"raised": describe(error)})
+        text = "".join(traceback.format_exception(type(error), error, error.__traceback__.tb_next))
+        os.write(2, text.encode("utf-8", "replace")[-4000:])
+        status = 1
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    os._exit(status & 0xFF)
 
 
 def main():
@@ -161,22 +197,21 @@ def main():
         job = json.load(f)
     os.remove(job_path)
     os.chdir(job["workdir"])
-    results = os.dup(1)
-    nonce = job["nonce"]
+    channel = job["channel"]
 
-    def report(kind, text):
-        line = f"{nonce} {kind} {json.dumps(text)}\n".encode("utf-8", "replace")
+    def send(message):
         try:
-            os.write(results, line)
-        except OSError:
+            data = (json.dumps(message) + "\n").encode("utf-8", "replace")
+            while data:
+                data = data[os.write(channel, data):]
+        except (OSError, TypeError, ValueError, RecursionError):
             pass
 
     limit_resources(job)
     drop_privileges(job)
     if job["audit"]:
         install_audit_hook(job["workdir"], job["network"])
-    run_tests(job, report)
-    sys.stdout.flush()
+    (run_program if job["mode"] == "program" else run_probes)(job, send)
     os._exit(0)  # skip interpreter teardown: atexit handlers the code registered do not run
 
 

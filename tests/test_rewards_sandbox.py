@@ -17,13 +17,14 @@ from helpers import run_cli
 
 from rewards.builtin import code_exec
 from rewards.guard import RewardStats, guard_reward
+from rewards.judge import parse_tests
 from rewards.registry import LoadedReward
-from rewards.sandbox import STARTUP_ALLOWANCE, SandboxLimits, isolation, normalize_tests, run_tests
+from rewards.sandbox import STARTUP_ALLOWANCE, SandboxLimits, isolation, run_tests
 
 LIMIT = 1.0
 WITH_HOOK = SandboxLimits(time_limit=LIMIT, memory_mb=256)
 OS_ONLY = SandboxLimits(time_limit=LIMIT, memory_mb=256, audit=False)
-PASSES = normalize_tests(["assert True"])
+PASSES = parse_tests(["assert True"])
 
 
 @pytest.fixture(autouse=True)
@@ -59,8 +60,8 @@ def sandbox_processes() -> list[str]:
 
 
 def test_passing_and_failing_code():
-    assert run_tests("def f(x): return x + 1", normalize_tests(["assert f(1) == 2"]), WITH_HOOK).status == "passed"
-    result = run_tests("def f(x): return x", normalize_tests(["assert f(1) == 2", "assert f(0) == 0"]), WITH_HOOK)
+    assert run_tests("def f(x): return x + 1", parse_tests(["assert f(1) == 2"]), WITH_HOOK).status == "passed"
+    result = run_tests("def f(x): return x", parse_tests(["assert f(1) == 2", "assert f(0) == 0"]), WITH_HOOK)
     assert (result.status, result.passed, result.total, result.score()) == ("failed", 1, 2, 0.5)
 
 
