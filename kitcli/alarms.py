@@ -32,6 +32,7 @@ from typing import Any
 
 from kitcli import registry
 from rewards.judge import judge_touches
+from rewards.text import extract_code
 
 # Where each stage type logs the quantities the checks read (first key present wins).
 REWARD_KEYS = ("reward", "objective/scores")
@@ -236,11 +237,11 @@ class AlarmMonitor:
             found.update(self.unbacked_by_eval(eval_key))
         if CODE_REWARD not in logs and CODE_TOUCHES not in logs:
             return found
-        touching = [s for s in samples if judge_touches(str(s.get("completion", "")))]
+        touching = [code for s in samples if judge_touches(code := extract_code(str(s.get("completion", ""))))]
         share = logs.get(CODE_TOUCHES)
         if touching or (isinstance(share, (int, float)) and share > 0):
-            sample = " ".join(str(touching[0]["completion"]).split()) if touching else ""
-            names = ", ".join(judge_touches(sample)) if touching else "see completions.jsonl"
+            sample = " ".join(touching[0].split()) if touching else ""
+            names = ", ".join(judge_touches(touching[0])) if touching else "see completions.jsonl"
             what = f"{share:.0%} of completions" if isinstance(share, (int, float)) and share > 0 else "completions"
             found["judge_touched"] = (f"{what} reach for the judge around their code ({names}); they score nothing "
                                       f"for it, but a policy that keeps trying is hunting the reward, not solving "

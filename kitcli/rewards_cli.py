@@ -119,14 +119,15 @@ def rewards_test(reward: str, data_path: str, arg_items: tuple[str, ...], run_di
 
     out = console()
     shown = [c for c in required_columns(loaded.fn) if c in rows[0]]
-    bounds = f"scores in {format_range(loaded.score_range)}" if loaded.score_range else "no declared range"
-    table = Table("#", "completion", *shown, loaded.name, title=f"{loaded.name} ({loaded.source}), {bounds}")
+    table = Table("#", "completion", *shown, loaded.name, title=f"{loaded.name} ({loaded.source})")
     outside = dict(report.violations)
     for index, (row, score) in enumerate(zip(rows[:show], report.scores)):
         table.add_row(str(index), short(message_text(row["completion"])), *[short(row[c], 24) for c in shown],
                       format_number(score) + (" (outside!)" if index in outside else ""),
                       style="red" if index in outside else None)
     out.print(table)
+    out.print(f"{loaded.name}: " + (f"scores in {format_range(loaded.score_range)} (its declared range)"
+                                    if loaded.score_range else "no declared range"), markup=False)
     if len(rows) > show:
         out.print(f"... {len(rows) - show} more rows (--show N)", markup=False)
     print_distribution(out, report)

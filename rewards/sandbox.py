@@ -202,7 +202,7 @@ class Finished:
     reports: list[dict]
     stdout: bytes = b""
     stderr: bytes = b""
-    overflow: bool = False       # stdout went past its cap; the process was stopped there
+    overflow: bool = False       # stdout or the channel went past its cap; the process was stopped there
     seconds: float = 0.0
 
     def report(self, key: str) -> str | None:
@@ -386,12 +386,13 @@ def summarize(verdicts: list[bool], runs: list[Finished], problems: list[str], s
     error = next((r.report("error") for r in runs if r.report("error")), None)
     if error:
         return SandboxResult("error", verdicts, seconds, error)
-    killed = next((r.signal_name() for r in runs if r.signal_name()), None)
+    killed = next((r.signal_name() for r in runs if r.signal_name() and not r.overflow), None)  # not by us
     if killed:
         return SandboxResult("crashed", verdicts, seconds, f"killed by {killed}")
     unfinished = next((r for r in runs if r.mode == "probes" and not r.report("end")), None)
     if unfinished:
-        tail = last_line(unfinished.stderr) or f"exit status {unfinished.returncode}"
+        tail = ("its values passed the size limit" if unfinished.overflow else last_line(unfinished.stderr)
+                or f"exit status {unfinished.returncode}")
         return SandboxResult("crashed", verdicts, seconds, f"exited before finishing: {tail}")
     status = "passed" if all(verdicts) else "failed"
     return SandboxResult(status, verdicts, seconds, "; ".join(problems[:2]))
