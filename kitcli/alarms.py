@@ -31,8 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kitcli import registry
-from rewards.judge import judge_touches
-from rewards.text import extract_code
+from rewards.text import extract_code, judge_touches
 
 # Where each stage type logs the quantities the checks read (first key present wins).
 REWARD_KEYS = ("reward", "objective/scores")

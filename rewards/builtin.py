@@ -19,7 +19,15 @@ from typing import Any
 
 from kitcli.errors import KitError
 from rewards.registry import reward_factory, score_range
-from rewards.text import completion_lengths, completion_text, extract_answer, extract_code, normalize_answer, tagged
+from rewards.text import (
+    completion_lengths,
+    completion_text,
+    extract_answer,
+    extract_code,
+    judge_touches,
+    normalize_answer,
+    tagged,
+)
 
 log = logging.getLogger("rewards")
 
@@ -368,7 +376,7 @@ def code_exec(tests_column: str = "tests", time_limit: float = 5.0, memory_mb: i
     >>> reward(["double"], ["```python\\ndef f(x):\\n    return 2 * x\\n```"], tests=[["assert f(2) == 4"]])
     [1.0]
     """
-    from rewards.judge import judge_touches, parse_tests
+    from rewards.judge import parse_tests
     from rewards.sandbox import SandboxLimits, run_batch
 
     if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not 0 < time_limit <= 600:

@@ -20,7 +20,6 @@ import builtins
 import json
 import math
 import operator
-import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,7 +52,8 @@ PARENT_CALLS = {
 }
 OPERATIONS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
               ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow, ast.BitAnd: operator.and_,
-              ast.BitOr: operator.or_, ast.BitXor: operator.xor}
+              ast.BitOr: operator.or_, ast.BitXor: operator.xor, ast.LShift: operator.lshift,
+              ast.RShift: operator.rshift}
 PARENT_OPERATORS = tuple(OPERATIONS)
 COMPARISONS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
                ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
@@ -367,6 +367,8 @@ def binary(op: ast.operator, left: Any, right: Any) -> Any:
     if isinstance(op, ast.Pow) and type(right) is int and type(left) in (int, bool) \
             and max(abs(left), 2).bit_length() * abs(right) > MAX_INT_BITS:
         raise ValueError("power too large for the judge")
+    if isinstance(op, ast.LShift) and type(right) is int and right > MAX_INT_BITS:
+        raise ValueError("shift too large for the judge")
     result = OPERATIONS[type(op)](left, right)
     if type(result) is int and result.bit_length() > MAX_INT_BITS:
         raise ValueError("an int too large for the judge")
@@ -432,18 +434,3 @@ def output_lines(text: str) -> list[str]:
 
 def output_matches(output: str, expected: str) -> bool:
     return output_lines(output) == output_lines(expected)
-
-
-# --- signs that a completion reaches for the judge ---------------------------------------------------------------
-
-JUDGE_NAMES = ("_getframe", "f_back", "f_globals", "f_locals", "f_builtins", "builtins", "__builtins__", "sys.modules",
-               "gc", "__eq__", "__ne__", "__hash__", "__del__", "atexit", "os._exit", "os.write", "os.dup", "os.dup2",
-               "inspect", "__subclasses__", "__class__", "__mro__", "__code__", "settrace", "setprofile", "ctypes",
-               "/proc/self")
-JUDGE_PATTERN = re.compile("|".join(rf"(?<!\w){re.escape(name)}(?!\w)" for name in JUDGE_NAMES))
-
-
-def judge_touches(code: str) -> list[str]:
-    """The names in `code` that reach for the machinery around it (frames, builtins, sys.modules, comparison
-    hooks, the process's exit and descriptors): rare in an honest solution to a small task, common in a hack."""
-    return sorted(set(JUDGE_PATTERN.findall(code)))
