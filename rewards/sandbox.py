@@ -32,6 +32,7 @@ calls, tampering with the harness); it is not a boundary against code written to
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -147,6 +148,7 @@ def isolation() -> Isolation:
         "working directory": "fresh temporary directory, removed afterwards",
         "interpreter": "isolated python -I -S -B",
         "audit hook": "refuses writes outside the directory, new processes, ctypes and sockets (in-interpreter)",
+        "verdicts": "made outside the sandbox, on the plain data it returns; expected values never enter it",
     }
     prefix: tuple[str, ...] = ()
     unshare = shutil.which("unshare")
@@ -231,16 +233,15 @@ def launch(mode: str, code: str, workdir: Path, limits: SandboxLimits, seconds: 
     env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
     prefix = [flag for flag in plan.prefix if not (limits.network and flag == "--net")]
     command = [*prefix, plan.python, "-I", "-S", "-B", str(HARNESS), str(job_path)]
-    with tempfile.TemporaryFile() as given:
-        given.write(stdin or b"")
-        given.seek(0)
-        try:
-            process = subprocess.Popen(command, stdin=given if stdin is not None else subprocess.DEVNULL,
-                                       stdout=subprocess.PIPE if output_cap else subprocess.DEVNULL,
-                                       stderr=subprocess.PIPE, cwd=workdir, env=env, start_new_session=True,
-                                       close_fds=True, pass_fds=(channel_write,))
-        finally:
-            os.close(channel_write)
+    with contextlib.ExitStack() as stack:
+        stack.callback(os.close, channel_write)  # the child holds its own copy
+        given = stack.enter_context(tempfile.TemporaryFile()) if stdin is not None else subprocess.DEVNULL
+        if stdin is not None:
+            given.write(stdin)
+            given.seek(0)
+        process = subprocess.Popen(command, stdin=given, stdout=subprocess.PIPE if output_cap else subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE, cwd=workdir, env=env, start_new_session=True,
+                                   close_fds=True, pass_fds=(channel_write,))
     streams = {channel_read: ("channel", CHANNEL_BYTES), process.stderr.fileno(): ("stderr", STDERR_BYTES)}
     if output_cap:
         streams[process.stdout.fileno()] = ("stdout", output_cap)

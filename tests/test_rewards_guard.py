@@ -5,6 +5,7 @@ them; the seconds spent in each reward go into the metrics."""
 from __future__ import annotations
 
 import math
+import sys
 import time
 
 import pytest
@@ -220,6 +221,10 @@ def undeclared(prompts, completions, **kwargs):
 def broken(prompts, completions, **kwargs):
     return [0.0] * len(completions)
 broken.score_range = (1, 0)
+
+@score_range(0, 1)
+def past_one_later(prompts, completions, trainer_state=None, **kwargs):
+    return [1.5 if trainer_state.global_step >= 1 else 0.5] + [0.5] * (len(completions) - 1)
 """
 
 
@@ -289,16 +294,24 @@ def test_bad_scores_are_one_line_naming_the_function(tmp_path, name, words):
 
 @pytest.mark.slow
 def test_a_stage_stops_on_a_score_outside_the_range_and_can_resume(tmp_path):
-    from helpers import DATA, run_cli, write_recipe
+    """The second step's score breaks the range: exit 2, one line, no DONE; with the reward fixed, the same command
+    resumes from the first step's checkpoint and finishes."""
+    from helpers import DATA, done, run_cli, write_recipe
 
     (tmp_path / "plugin.py").write_text(PLUGIN)
     stage = {"name": "grpo", "type": "grpo", "data": str(DATA / "arithmetic_prompts.jsonl"),
-             "rewards": ["plugin.py:by_decorator"],
+             "rewards": ["plugin.py:past_one_later"],
              "train": {"max_steps": 2, "per_device_train_batch_size": 8, "num_generations": 4,
-                       "max_completion_length": 12, "logging_steps": 1, "save_steps": 50}}
+                       "max_completion_length": 12, "logging_steps": 1, "save_steps": 1}}
     recipe = write_recipe(tmp_path / "r.yaml", [stage])
     result = run_cli("run", recipe, "--output", tmp_path / "run", expect=2)
     line = result.output.strip().splitlines()[-1]
-    assert "stage 'grpo'" in line and "reward 'by_decorator' returned" in line, result.output
-    assert "outside its declared range [0, 1]" in line and "Traceback" not in result.output
+    assert "stage 'grpo'" in line and "reward 'past_one_later' returned 1.5 for sample 0, outside its declared " \
+        "range [0, 1]" in line, result.output
+    assert "Traceback" not in result.output
     assert not (tmp_path / "run" / "grpo" / "DONE").exists()
+    (tmp_path / "plugin.py").write_text(PLUGIN.replace("1.5 if", "0.75 if"))
+    for name in [n for n in sys.modules if n.startswith("kit_reward_file_")]:
+        del sys.modules[name]  # read the fixed file, as the next `kit run` process would
+    run_cli("run", recipe, "--output", tmp_path / "run")
+    assert done(tmp_path / "run" / "grpo")["resumed_from"] == "checkpoint-1"
