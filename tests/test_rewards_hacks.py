@@ -11,7 +11,7 @@ import pytest
 from hack_catalogue import CATALOGUE, HACKS, TASKS
 from helpers import run_cli, write_recipe
 
-from rewards.judge import AssertCase, IOCase, UnsplittableTest, parse_tests, split_assertion
+from rewards.judge import AssertCase, IOCase, UnsplittableTest, assert_verdicts, parse_tests, split_assertion
 from rewards.sandbox import SandboxLimits, run_batch, run_tests
 
 FAMILIES = {"comparison objects", "builtin subclasses", "replaced builtins", "harness frames and globals",
@@ -111,6 +111,25 @@ def test_an_assertion_is_split_into_probes_and_a_judgement_kept_here():
     assert case.probes == ["add(0.1, 0.2)", "add(1, 2)"]  # no expected value, no comparison, no abs/isclose
     case = split_assertion("assert sorted(f([3, 1]), key=lambda t: -t) == [3, 1]")
     assert case.probes == ["sorted(f([3, 1]), key=lambda t: -t)"]  # a key function runs with the solution
+
+
+def test_reports_are_taken_once_each_or_the_test_fails():
+    """The judge reads the sandbox's reports (here written by hand, as code that forges them would): a probe or a
+    run reported twice is ambiguous and fails; reports for tests or probes it did not ask for change nothing."""
+    case = split_assertion("assert add(2, 3) == 5")
+    ran = {"test": 0, "ran": True}
+
+    def value(v, probe=0, test=0):
+        return {"test": test, "probe": probe, "value": v}
+
+    assert assert_verdicts([ran, value(5)], [case], []) == [True]
+    assert assert_verdicts([ran, value(5), value(-1)], [case], []) == [False]  # a forged report ahead of the real one
+    assert assert_verdicts([ran, value(-1), value(5)], [case], []) == [False]
+    assert assert_verdicts([ran, ran, value(5)], [case], []) == [False]
+    assert assert_verdicts([value(5)], [case], []) == [False]  # the code never ran
+    assert assert_verdicts([ran, value({"eq": "always"})], [case], []) == [False]
+    assert assert_verdicts([ran, value(5), value(5, probe=3), value(5, test=7), {"test": 7, "ran": True}],
+                           [case], []) == [True]
 
 
 @pytest.mark.parametrize("test, words", [
