@@ -1,7 +1,7 @@
 """The code sandbox before and after the judge moved out of it, side by side in one run: the hack catalogue's
 scores, and seconds per 100 completions.
 
-    python bench/sandbox.py                 # 100 completions per shape, 3 rounds, 2 workers
+    python bench/sandbox.py                 # 100 completions per shape (2 or 8 tests), 3 rounds, 2 workers
     python bench/sandbox.py --count 200 --rounds 5
 
 "Before" is the sandbox of commit a1130c3 (where the code under test ran in the same interpreter as the code
@@ -55,17 +55,18 @@ def score_after(codes, tests, workers: int, audit: bool = True) -> list[float]:
     return [r.score() for r in results]
 
 
-def completions(count: int, kind: str, seed: int = 0) -> tuple[list[str], list]:
-    """Solutions to `add` in the shape a GRPO run produces, 70% right: assert tests, or stdin/stdout tests."""
+def completions(count: int, kind: str, tests: int, seed: int = 0) -> tuple[list[str], list]:
+    """Solutions to `add` in the shape a GRPO run produces, 70% right, with `tests` assert or stdin/stdout tests."""
     rng = random.Random(seed)
+    pairs = [(a, a * 7 % 11) for a in range(tests)]
     if kind == "assert":
         good, wrong = "def add(a, b):\n    return a + b", "def add(a, b):\n    return a - b"
-        tests = ["assert add(2, 3) == 5", "assert add(0, 0) == 0"]
+        cases = [f"assert add({a}, {b}) == {a + b}" for a, b in pairs]
     else:
         good = "a, b = map(int, input().split())\nprint(a + b)"
         wrong = "a, b = map(int, input().split())\nprint(a - b)"
-        tests = [{"input": "2 3\n", "output": "5\n"}, {"input": "0 0\n", "output": "0\n"}]
-    return [good if rng.random() < 0.7 else wrong for _ in range(count)], [tests] * count
+        cases = [{"input": f"{a} {b}\n", "output": f"{a + b}\n"} for a, b in pairs]
+    return [good if rng.random() < 0.7 else wrong for _ in range(count)], [cases] * count
 
 
 def catalogue(old) -> None:
@@ -84,10 +85,10 @@ def catalogue(old) -> None:
 
 
 def timing(old, count: int, rounds: int, workers: int) -> None:
-    print(f"\nseconds per 100 completions (2 tests each, {workers} workers, median of {rounds} alternating rounds)")
-    print(f"{'tests':10} {'before':>8} {'after':>8} {'after/before':>13}")
-    for kind in ("assert", "stdin/out"):
-        codes, tests = completions(count, "assert" if kind == "assert" else "io")
+    print(f"\nseconds per 100 completions ({workers} workers, median of {rounds} alternating rounds)")
+    print(f"{'tests':18} {'before':>8} {'after':>8} {'after/before':>13}")
+    for kind, n in (("assert", 2), ("stdin/stdout", 2), ("assert", 8), ("stdin/stdout", 8)):
+        codes, tests = completions(count, kind, n)
         before, after = [], []
         for _ in range(rounds):
             started = time.perf_counter()
@@ -97,7 +98,7 @@ def timing(old, count: int, rounds: int, workers: int) -> None:
             score_after(codes, tests, workers)
             after.append((time.perf_counter() - started) * 100 / count)
         b, a = statistics.median(before), statistics.median(after)
-        print(f"{kind:10} {b:8.2f} {a:8.2f} {a / b:13.2f}")
+        print(f"{f'{n} x {kind}':18} {b:8.2f} {a:8.2f} {a / b:13.2f}")
 
 
 def main() -> None:

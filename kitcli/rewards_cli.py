@@ -187,7 +187,7 @@ def rewards_sandbox() -> None:
     """Show which code-sandbox limits hold on this machine."""
     from rich.table import Table
 
-    from rewards.sandbox import isolation
+    from rewards.isolation import isolation
 
     table = Table("limit", "held by")
     for name, how in isolation().layers.items():

@@ -2,14 +2,14 @@
 
 The judge never runs inside the judged. The sandboxed process (rewards/sandbox_harness.py) gets the completion's
 code and, for assert tests, only the expressions that need the solution (`add(2, 3)`, never `== 5`); it sends back
-their values as plain data. For stdin/stdout tests it gets the input and writes to a pipe this process owns; the
-expected output never leaves here. rewards/judge.py then decides each test's verdict here, and the score is the
+their values as plain data. For stdin/stdout tests it gets the inputs; each test runs in a fresh child forked for
+it, writing to a pipe this process owns and reads; the expected output never leaves here. rewards/judge.py then decides each test's verdict here, and the score is the
 share of those verdicts that pass: always within [0, 1], whatever the code did to its own interpreter (replaced
 builtins, objects that equal everything, forged reports, early exits). What the code controls is the values it
 reports, so it scores only where those values are right; see docs/rewards.md for what that still leaves open.
 
-Layers that contain the code itself, from the OS up (`isolation()` probes once which ones hold on this machine;
-`kit rewards sandbox` prints it):
+Layers that contain the code itself, from the OS up (rewards/isolation.py probes once which ones hold on this
+machine; `kit rewards sandbox` prints it):
 - a separate process in its own session, killed with its whole process group at the wall-clock limit;
 - `unshare --net --pid --fork --kill-child` where it works (Linux, as root or with user namespaces): no network
   interfaces but a down loopback, and every process the code starts dies with it;
@@ -32,31 +32,28 @@ calls, tampering with the harness); it is not a boundary against code written to
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
 import os
 import secrets
 import selectors
 import shutil
 import signal
-import stat
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rewards.isolation import isolation
 from rewards.judge import AssertCase, IOCase, assert_verdicts, output_matches
 
 HARNESS = Path(__file__).with_name("sandbox_harness.py")
 STARTUP_ALLOWANCE = 0.5  # seconds on top of the time limit for each sandbox process to start, under load
 EXIT_GRACE = 0.2         # seconds to keep reading after the process exited (a descendant may hold a pipe)
-UNSHARE_FLAGS = ["--net", "--pid", "--fork", "--kill-child"]
 CHANNEL_BYTES = 4 << 20  # most the parent reads of a process's reports
 OUTPUT_BYTES = 1 << 20   # most the parent reads of a program's stdout (more fails the test)
+PROGRAM_TESTS = 24       # stdin/stdout tests per sandbox process (a pipe each; RLIMIT_NOFILE is 64)
 STDERR_BYTES = 4000      # the tail of stderr kept for the detail
 
 
@@ -92,123 +89,27 @@ class SandboxResult:
         return self.passed / self.total if partial else float(all(self.verdicts))
 
 
-@dataclass(frozen=True)
-class Isolation:
-    """What this machine lets the sandbox do; `layers` says in words which limit holds by which means."""
-
-    prefix: tuple[str, ...] = ()
-    drop_to: tuple[int, int] | None = None
-    python: str = sys.executable
-    layers: dict[str, str] = field(default_factory=dict)
-
-
-def readable_by_others(path: Path) -> bool:
-    """Whether an unprivileged user can reach and read `path` (every parent directory searchable)."""
-    try:
-        path = path.resolve()
-        for parent in path.parents:
-            if not os.stat(parent).st_mode & stat.S_IXOTH:
-                return False
-        return bool(os.stat(path).st_mode & stat.S_IROTH)
-    except OSError:
-        return False
-
-
-def interpreter_for_others() -> str | None:
-    """A Python 3 interpreter whose executable and standard library `nobody` can read."""
-    candidates = [sys.executable, getattr(sys, "_base_executable", ""), "/usr/bin/python3", "/usr/local/bin/python3"]
-    for candidate in candidates:
-        if not candidate or not Path(candidate).exists():
-            continue
-        real = Path(candidate).resolve()
-        stdlib = real.parent.parent / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
-        libs = [p for p in real.parent.parent.glob("lib/python3*") if p.is_dir()]
-        if readable_by_others(real) and any(readable_by_others(p / "os.py") for p in [stdlib, *libs]):
-            return str(real)
-    return None
-
-
-def nobody_ids() -> tuple[int, int]:
-    try:
-        import pwd
-
-        entry = pwd.getpwnam("nobody")
-        return entry.pw_uid, entry.pw_gid
-    except (ImportError, KeyError):
-        return 65534, 65534
-
-
-@functools.lru_cache(maxsize=1)
-def isolation() -> Isolation:
-    """Probe once per process which isolation layers work here."""
-    layers = {
-        "time": "wall-clock kill of the process group at the limit, plus RLIMIT_CPU",
-        "memory": "RLIMIT_AS" + ("" if sys.platform.startswith("linux") else " (not enforced by every OS, e.g. macOS)"),
-        "file size": "RLIMIT_FSIZE",
-        "working directory": "fresh temporary directory, removed afterwards",
-        "interpreter": "isolated python -I -S -B",
-        "audit hook": "refuses writes outside the directory, new processes, ctypes and sockets (in-interpreter)",
-        "verdicts": "made outside the sandbox, on the plain data it returns; expected values never enter it",
-    }
-    prefix: tuple[str, ...] = ()
-    unshare = shutil.which("unshare")
-    is_root = hasattr(os, "geteuid") and os.geteuid() == 0
-    if unshare:
-        attempts = [[unshare, *UNSHARE_FLAGS]] if is_root else []
-        attempts.append([unshare, "--user", "--map-root-user", *UNSHARE_FLAGS])
-        for attempt in attempts:
-            try:
-                probe = subprocess.run([*attempt, sys.executable, "-I", "-S", "-c", "pass"], capture_output=True,
-                                       timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                continue
-            if probe.returncode == 0:
-                prefix = tuple(attempt)
-                break
-    if prefix:
-        layers["network"] = "network namespace (unshare --net): no interface but a down loopback"
-        layers["processes"] = "PID namespace (unshare --pid --kill-child): every process dies with the sandbox"
-    else:
-        layers["network"] = "audit hook only (unshare is not available here)"
-        layers["processes"] = "process-group kill; forks refused by the audit hook"
-    drop_to = None
-    python = sys.executable
-    if is_root:
-        other = interpreter_for_others()
-        if other:
-            drop_to, python = nobody_ids(), other
-            layers["user"] = f"runs as nobody (uid {drop_to[0]}) with {other}"
-            layers["processes"] += "; RLIMIT_NPROC (enforced for nobody)"
-            layers["files"] = ("only the temporary directory and world-writable places (/tmp) are writable by "
-                               "nobody; the audit hook refuses those too")
-        else:
-            layers["user"] = "runs as root: no interpreter readable by nobody was found"
-            layers["processes"] += "; RLIMIT_NPROC does not bind root"
-            layers["files"] = "audit hook only (root may write anywhere)"
-    else:
-        layers["user"] = "runs as the current user"
-        layers["processes"] += "; RLIMIT_NPROC (counts all of this user's processes)"
-        layers["files"] = "the current user's permissions, plus the audit hook"
-    return Isolation(prefix=prefix, drop_to=drop_to, python=python, layers=layers)
-
-
-
-
 @dataclass
 class Finished:
-    """What one sandbox process left: its exit, its reports (decoded lines) and the bytes of its stdout/stderr."""
+    """What one sandbox process left: its exit, its reports (decoded lines), each program test's stdout (read by
+    this process from a pipe of its own) and the tail of its stderr."""
 
     mode: str
     returncode: int | None
     timed_out: bool
     reports: list[dict]
-    stdout: bytes = b""
+    outputs: list[bytes] = field(default_factory=list)
     stderr: bytes = b""
-    overflow: bool = False       # stdout or the channel went past its cap; the process was stopped there
+    overflowed: set[str] = field(default_factory=set)  # streams that passed their cap ("channel", "stdout 3")
     seconds: float = 0.0
 
     def report(self, key: str) -> str | None:
         return next((str(r[key]) for r in self.reports if key in r and "test" not in r), None)
+
+    def exit_status(self, test: int) -> int | None:
+        """The exit status the process reported for program test `test`, None unless reported exactly once."""
+        found = [r.get("exit") for r in self.reports if r.get("test") == test and "exit" in r]
+        return found[0] if len(found) == 1 and type(found[0]) is int else None
 
     def signal_name(self) -> str | None:
         code = self.returncode
@@ -217,14 +118,17 @@ class Finished:
         return signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
 
 
-def launch(mode: str, code: str, workdir: Path, limits: SandboxLimits, seconds: float, *, tests=None,
-           stdin: bytes | None = None, output_cap: int = 0) -> Finished:
-    """Start one sandbox process and read its channel (and stdout when `output_cap`) until it ends or `seconds`
-    (plus the startup allowance) have passed; kill its process group either way."""
+def launch(mode: str, code: str, workdir: Path, limits: SandboxLimits, seconds: float,
+           tests: list[dict] | list[tuple[str, int]]) -> Finished:
+    """Start one sandbox process and read what it sends until it ends or `seconds` (plus the startup allowance)
+    have passed; kill its process group either way. `tests`: for "probes", each test's setup and probes; for
+    "program", each stdin/stdout test's (input, most bytes of output to read)."""
     plan = isolation()
     started = time.monotonic()
     channel_read, channel_write = os.pipe()
-    job = {"mode": mode, "code": code, "tests": tests or [], "channel": channel_write, "workdir": str(workdir),
+    pipes = [os.pipe() for _ in tests] if mode == "program" else []
+    job_tests = [{"input": given, "stdout": w} for (given, _), (_, w) in zip(tests, pipes)] if pipes else tests
+    job = {"mode": mode, "code": code, "tests": job_tests, "channel": channel_write, "workdir": str(workdir),
            "network": limits.network, "audit": limits.audit, "time_limit": seconds, "memory_mb": limits.memory_mb,
            "max_processes": limits.max_processes, "max_file_mb": limits.max_file_mb,
            "drop_to": list(plan.drop_to) if plan.drop_to else None}
@@ -233,40 +137,40 @@ def launch(mode: str, code: str, workdir: Path, limits: SandboxLimits, seconds: 
     env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
     prefix = [flag for flag in plan.prefix if not (limits.network and flag == "--net")]
     command = [*prefix, plan.python, "-I", "-S", "-B", str(HARNESS), str(job_path)]
-    with contextlib.ExitStack() as stack:
-        stack.callback(os.close, channel_write)  # the child holds its own copy
-        given = stack.enter_context(tempfile.TemporaryFile()) if stdin is not None else subprocess.DEVNULL
-        if stdin is not None:
-            given.write(stdin)
-            given.seek(0)
-        process = subprocess.Popen(command, stdin=given, stdout=subprocess.PIPE if output_cap else subprocess.DEVNULL,
-                                   stderr=subprocess.PIPE, cwd=workdir, env=env, start_new_session=True,
-                                   close_fds=True, pass_fds=(channel_write,))
-    streams = {channel_read: ("channel", CHANNEL_BYTES), process.stderr.fileno(): ("stderr", STDERR_BYTES)}
-    if output_cap:
-        streams[process.stdout.fileno()] = ("stdout", output_cap)
     try:
-        data, timed_out, overflow = collect(process, streams, started + seconds + STARTUP_ALLOWANCE)
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE, cwd=workdir, env=env, start_new_session=True,
+                                   close_fds=True, pass_fds=(channel_write, *[w for _, w in pipes]))
+    finally:
+        for fd in (channel_write, *[w for _, w in pipes]):
+            os.close(fd)  # the child holds its own copies
+    streams = {channel_read: ("channel", CHANNEL_BYTES), process.stderr.fileno(): ("stderr", STDERR_BYTES)}
+    streams.update({r: (f"stdout {i}", cap) for i, ((r, _), (_, cap)) in enumerate(zip(pipes, tests))})
+    try:
+        data, timed_out, overflowed = collect(process, streams, started + seconds + STARTUP_ALLOWANCE)
     finally:
         kill_group(process)
-        os.close(channel_read)
-        for pipe in (process.stdout, process.stderr):
-            if pipe is not None:
-                pipe.close()
+        for fd, (name, _) in streams.items():
+            if name != "stderr" and name not in overflowed:
+                os.close(fd)
+        process.stderr.close()
         job_path.unlink(missing_ok=True)
-    return Finished(mode, process.returncode, timed_out, decode_reports(data["channel"]), data.get("stdout", b""),
-                    data["stderr"], overflow, time.monotonic() - started)
+    return Finished(mode, process.returncode, timed_out, decode_reports(data["channel"]),
+                    [data[f"stdout {i}"] for i in range(len(pipes))], data["stderr"], overflowed,
+                    time.monotonic() - started)
 
 
 def collect(process: subprocess.Popen, streams: dict[int, tuple[str, int]],
-            deadline: float) -> tuple[dict[str, bytes], bool, bool]:
-    """Read the process's pipes until they close or the deadline; the first `cap` bytes of each (the last ones
-    of stderr). Returns the bytes by name, whether the deadline passed, and whether stdout overflowed."""
+            deadline: float) -> tuple[dict[str, bytes], bool, set[str]]:
+    """Read the process's pipes until they close or the deadline: the first `cap` bytes of each (the last ones of
+    stderr). A program's stdout past its cap is closed (its writer fails, its test fails); the channel past its
+    cap ends the reading. Returns the bytes by name, whether the deadline passed, and the streams closed early."""
     data = {name: bytearray() for name, _ in streams.values()}
+    overflowed: set[str] = set()
     selector = selectors.DefaultSelector()
     for fd in streams:
         selector.register(fd, selectors.EVENT_READ)
-    timed_out = overflow = False
+    timed_out = False
     exited_at = None
     with selector:
         while selector.get_map():
@@ -280,24 +184,27 @@ def collect(process: subprocess.Popen, streams: dict[int, tuple[str, int]],
                 break
             for key, _ in selector.select(timeout=min(deadline - now, 0.05)):
                 chunk = os.read(key.fd, 1 << 16)
+                name, cap = streams[key.fd]
                 if not chunk:
                     selector.unregister(key.fd)
                     continue
-                name, cap = streams[key.fd]
                 buffer = data[name]
                 buffer += chunk
                 if name == "stderr":
                     del buffer[:-cap]
                 elif len(buffer) > cap:
                     del buffer[cap:]
-                    overflow = True
-                    return {k: bytes(v) for k, v in data.items()}, False, overflow
+                    overflowed.add(name)
+                    if name == "channel":
+                        return {k: bytes(v) for k, v in data.items()}, False, overflowed
+                    selector.unregister(key.fd)
+                    os.close(key.fd)
     if not timed_out:
         try:
             process.wait(timeout=max(deadline - time.monotonic(), 0))
         except subprocess.TimeoutExpired:
             timed_out = True
-    return {k: bytes(v) for k, v in data.items()}, timed_out, overflow
+    return {k: bytes(v) for k, v in data.items()}, timed_out, overflowed
 
 
 def decode_reports(raw: bytes) -> list[dict]:
@@ -325,8 +232,9 @@ def kill_group(process: subprocess.Popen) -> None:
 # --- running a completion against its tests ---------------------------------------------------------------------
 
 def run_tests(code: str, tests: list[AssertCase | IOCase], limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
-    """Run `code` against `tests` (rewards.judge.parse_tests): the assert tests in one sandbox process, each
-    stdin/stdout test in its own; judge every test here. Never raises for anything the code does."""
+    """Run `code` against `tests` (rewards.judge.parse_tests) in sandbox processes: one for the assert tests, one
+    for up to PROGRAM_TESTS stdin/stdout tests (each in a fresh child of it); judge every test here. Never raises
+    for anything the code does."""
     if not tests:
         return SandboxResult("no_tests")
     started = time.monotonic()
@@ -342,30 +250,36 @@ def run_tests(code: str, tests: list[AssertCase | IOCase], limits: SandboxLimits
         asserts = [(i, t) for i, t in enumerate(tests) if isinstance(t, AssertCase)]
         if asserts:
             jobs = [{"setup": t.setup, "probes": t.probes} for _, t in asserts]
-            runs.append(launch("probes", code, workdir, limits, limits.time_limit, tests=jobs))
+            runs.append(launch("probes", code, workdir, limits, limits.time_limit, jobs))
             judged = assert_verdicts(runs[-1].reports, [t for _, t in asserts], problems)
             verdicts.update(zip([i for i, _ in asserts], judged))
-        for index, case in enumerate(tests):
-            if isinstance(case, IOCase) and not any(r.timed_out or r.report("error") for r in runs):
-                left = limits.time_limit - (time.monotonic() - started)
-                if left > 0:
-                    runs.append(launch("program", code, workdir, limits, left, stdin=case.input.encode("utf-8"),
-                                       output_cap=max(OUTPUT_BYTES, 2 * len(case.output.encode("utf-8")))))
-                    verdicts[index] = judge_program(runs[-1], case, index, problems)
+        programs = [(i, t) for i, t in enumerate(tests) if isinstance(t, IOCase)]
+        for first in range(0, len(programs), PROGRAM_TESTS):
+            left = limits.time_limit - (time.monotonic() - started)
+            if left <= 0 or any(r.timed_out or r.report("error") for r in runs):
+                break
+            chunk = programs[first:first + PROGRAM_TESTS]
+            inputs = [(t.input, max(OUTPUT_BYTES, 2 * len(t.output.encode("utf-8")))) for _, t in chunk]
+            runs.append(launch("program", code, workdir, limits, left, inputs))
+            for number, (index, case) in enumerate(chunk):
+                verdicts[index] = judge_program(runs[-1], number, case, index, problems)
         return summarize([verdicts.get(i, False) for i in range(len(tests))], runs, problems,
                          time.monotonic() - started)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def judge_program(run: Finished, case: IOCase, index: int, problems: list[str]) -> bool:
-    """A stdin/stdout test passes when the program exited 0 within its time and printed the expected lines."""
-    if run.timed_out or run.overflow or run.returncode != 0:
-        what = ("wall-clock limit reached" if run.timed_out else "printed more than it may" if run.overflow
-                else f"exit status {run.returncode}: {last_line(run.stderr)}")
+def judge_program(run: Finished, number: int, case: IOCase, index: int, problems: list[str]) -> bool:
+    """A stdin/stdout test passes when its child exited 0 and printed the expected lines (on the pipe this process
+    read), within the time limit."""
+    status = run.exit_status(number)
+    if status != 0 or f"stdout {number}" in run.overflowed:
+        what = ("printed more than it may" if f"stdout {number}" in run.overflowed
+                else "wall-clock limit reached" if status is None and run.timed_out
+                else "did not finish" if status is None else f"exit status {status}: {last_line(run.stderr)}")
         problems.append(f"test {index}: {what}")
         return False
-    if not output_matches(run.stdout.decode("utf-8", "replace"), case.output):
+    if not output_matches(run.outputs[number].decode("utf-8", "replace"), case.output):
         problems.append(f"test {index}: wrong output")
         return False
     return True
@@ -387,13 +301,13 @@ def summarize(verdicts: list[bool], runs: list[Finished], problems: list[str], s
     error = next((r.report("error") for r in runs if r.report("error")), None)
     if error:
         return SandboxResult("error", verdicts, seconds, error)
-    killed = next((r.signal_name() for r in runs if r.signal_name() and not r.overflow), None)  # not by us
+    killed = next((r.signal_name() for r in runs if r.signal_name() and "channel" not in r.overflowed), None)
     if killed:
         return SandboxResult("crashed", verdicts, seconds, f"killed by {killed}")
     unfinished = next((r for r in runs if r.mode == "probes" and not r.report("end")), None)
     if unfinished:
-        tail = ("its values passed the size limit" if unfinished.overflow else last_line(unfinished.stderr)
-                or f"exit status {unfinished.returncode}")
+        tail = ("its values passed the size limit" if "channel" in unfinished.overflowed
+                else last_line(unfinished.stderr) or f"exit status {unfinished.returncode}")
         return SandboxResult("crashed", verdicts, seconds, f"exited before finishing: {tail}")
     status = "passed" if all(verdicts) else "failed"
     return SandboxResult(status, verdicts, seconds, "; ".join(problems[:2]))
@@ -426,12 +340,13 @@ def run_snippet(code: str, stdin: str = "", limits: SandboxLimits = SandboxLimit
         if plan.drop_to:
             os.chown(workdir, *plan.drop_to)
         os.chmod(workdir, 0o700)
-        run = launch("program", code, workdir, limits, limits.time_limit, stdin=stdin.encode("utf-8"),
-                     output_cap=OUTPUT_BYTES)
+        run = launch("program", code, workdir, limits, limits.time_limit, [(stdin, OUTPUT_BYTES)])
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    status = ("timeout" if run.timed_out or run.signal_name() == "SIGXCPU" else "memory" if run.report("memory")
-              else "crashed" if run.signal_name() else "ok" if run.returncode == 0 else "error")
-    return SnippetResult(status, run.stdout.decode("utf-8", "replace"), run.stderr.decode("utf-8", "replace"),
-                         run.returncode if run.returncode is not None and run.returncode >= 0 else None,
-                         round(run.seconds, 3))
+    status_code = run.exit_status(0)
+    status = ("timeout" if run.timed_out else "error" if run.report("error") else "crashed" if status_code is None
+              else "ok" if status_code == 0 else "crashed" if status_code < 0 else "error")
+    if status == "error" and "MemoryError" in last_line(run.stderr):
+        status = "memory"
+    return SnippetResult(status, run.outputs[0].decode("utf-8", "replace"), run.stderr.decode("utf-8", "replace"),
+                         status_code if status_code is not None and status_code >= 0 else None, round(run.seconds, 3))

@@ -10,8 +10,10 @@ run the completion's code. Two modes:
 - "probes": per test, run the code in a fresh namespace, then the test's import lines, then each probe; send
   {"test": i, "ran": true} and, per probe, {"test": i, "probe": j, "value": <plain data>} or {..., "raised": why}
   as JSON lines on the channel descriptor the parent passed.
-- "program": run the code as __main__ on the process's real stdin and stdout, which the parent owns, and exit with
-  the program's status.
+- "program": per stdin/stdout test, fork a fresh child that runs the code as __main__ with the test's input on its
+  stdin and, as its stdout, a pipe the parent created for that test and reads itself; send {"test": i, "exit":
+  status}. This process never runs the code; each child gets the process limit and the audit hook after the fork
+  and closes every descriptor but its own stdout before the code starts.
 """
 
 import builtins
@@ -24,14 +26,16 @@ import sys
 MAX_DEPTH = 100
 
 
-def limit_resources(job):
+def limit_resources(job, processes=True):
+    """CPU time, memory, file size, descriptors, no core files and (with `processes`) RLIMIT_NPROC: in program mode
+    the children set that one after the fork, since it may count every process of the user."""
     seconds = max(1, int(job["time_limit"] + 0.999))
     memory = job["memory_mb"] * 1024 * 1024
     file_size = job["max_file_mb"] * 1024 * 1024
     limits = [(resource.RLIMIT_CPU, (seconds, seconds + 1)), (resource.RLIMIT_AS, (memory, memory)),
               (resource.RLIMIT_FSIZE, (file_size, file_size)), (resource.RLIMIT_CORE, (0, 0)),
               (resource.RLIMIT_NOFILE, (64, 64))]
-    if hasattr(resource, "RLIMIT_NPROC"):
+    if hasattr(resource, "RLIMIT_NPROC") and processes:
         limits.append((resource.RLIMIT_NPROC, (job["max_processes"], job["max_processes"])))
     for kind, value in limits:
         try:
@@ -159,13 +163,57 @@ def run_probes(job, send):
 
 
 def run_program(job, send):
-    """Run the code as a script; its output goes straight to the parent's pipe on descriptor 1."""
+    """Each stdin/stdout test in a child of its own; this process only forks, waits and reports exit statuses."""
     try:
         compiled = compile(job["code"], "<completion>", "exec")
     except (SyntaxError, ValueError) as error:
         send({"error": describe(error)})
         os.write(2, f"{describe(error)}\n".encode("utf-8", "replace"))
-        os._exit(1)
+        return
+    own = {test["stdout"] for test in job["tests"]} | {job["channel"]}  # this process's descriptors still open
+    for index, test in enumerate(job["tests"]):
+        given = f".stdin-{index}"
+        with open(given, "wb") as f:
+            f.write(test["input"].encode("utf-8"))
+        try:
+            child = os.fork()
+        except OSError as error:
+            send({"test": index, "exit": None, "raised": describe(error)})
+            continue
+        if child == 0:
+            run_child(job, compiled, given, test["stdout"], own)
+        os.close(test["stdout"])  # the child holds it: the parent sees the end of the output when the child ends
+        own.discard(test["stdout"])
+        _, status = os.waitpid(child, 0)
+        send({"test": index, "exit": os.waitstatus_to_exitcode(status)})
+
+
+def run_child(job, compiled, given, stdout, own):
+    """In the forked child: the test's input as stdin, its pipe as stdout, nothing else of the parent's; then the
+    process limit, the audit hook and the code, as a script. Never returns."""
+    status = 1
+    try:
+        descriptor = os.open(given, os.O_RDONLY)
+        os.dup2(descriptor, 0)
+        os.close(descriptor)
+        os.dup2(stdout, 1)
+        for fd in own:
+            os.close(fd)  # the other tests' pipes and the channel: the code can write on none of them
+        if hasattr(resource, "RLIMIT_NPROC"):
+            try:
+                resource.setrlimit(resource.RLIMIT_NPROC, (job["max_processes"], job["max_processes"]))
+            except (ValueError, OSError):
+                pass
+        if job["audit"]:
+            install_audit_hook(job["workdir"], job["network"])
+        status = run_script(compiled)
+    finally:
+        os._exit(status & 0xFF)
+
+
+def run_script(compiled):
+    """Run the code as __main__ and return its exit status, as `python script.py` would (a traceback on stderr,
+    without this harness's frame, when it raised)."""
     status = 0
     try:
         exec(compiled, {"__name__": "__main__", "__builtins__": builtins})
@@ -173,13 +221,9 @@ def run_program(job, send):
         status = stop.code if type(stop.code) is int else 0 if stop.code is None else 1
         if stop.code is not None and type(stop.code) is not int:
             os.write(2, f"{stop.code}\n".encode("utf-8", "replace"))
-    except MemoryError:
-        send({"memory": "MemoryError"})
-        status = 1
-    except BaseException as error:
+    except BaseException as error:  # MemoryError included: the traceback says so
         import traceback
 
-        send({"raised": describe(error)})
         text = "".join(traceback.format_exception(type(error), error, error.__traceback__.tb_next))
         os.write(2, text.encode("utf-8", "replace")[-4000:])
         status = 1
@@ -188,7 +232,7 @@ def run_program(job, send):
             stream.flush()
         except BaseException:
             pass
-    os._exit(status & 0xFF)
+    return status
 
 
 def main():
@@ -207,11 +251,12 @@ def main():
         except (OSError, TypeError, ValueError, RecursionError):
             pass
 
-    limit_resources(job)
+    program = job["mode"] == "program"
+    limit_resources(job, processes=not program)
     drop_privileges(job)
-    if job["audit"]:
+    if job["audit"] and not program:
         install_audit_hook(job["workdir"], job["network"])
-    (run_program if job["mode"] == "program" else run_probes)(job, send)
+    (run_program if program else run_probes)(job, send)
     os._exit(0)  # skip interpreter teardown: atexit handlers the code registered do not run
 
 

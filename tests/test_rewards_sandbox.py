@@ -18,9 +18,10 @@ from helpers import run_cli
 
 from rewards.builtin import code_exec
 from rewards.guard import RewardStats, guard_reward
+from rewards.isolation import isolation
 from rewards.judge import parse_tests
 from rewards.registry import LoadedReward
-from rewards.sandbox import STARTUP_ALLOWANCE, SandboxLimits, isolation, run_snippet, run_tests
+from rewards.sandbox import STARTUP_ALLOWANCE, SandboxLimits, run_snippet, run_tests
 
 LIMIT = 1.0
 WITH_HOOK = SandboxLimits(time_limit=LIMIT, memory_mb=256)
