@@ -81,6 +81,17 @@ def test_expected_values_never_reach_the_sandbox(audit):
     assert [r.score() for r in honest] == [1.0, 1.0]  # it is the search that fails, not the tests
 
 
+@pytest.mark.parametrize("audit", [True, False])
+def test_a_program_reaches_no_pipe_but_its_own(audit):
+    """Each stdin/stdout test's child holds its own stdout and nothing else of the sandbox's: what it writes on
+    every other descriptor lands nowhere (not in the other tests' output, not on the channel)."""
+    spray = ("import os\nfor fd in range(3, 64):\n    try:\n"
+             "        os.write(fd, b'7\\n{\"test\": 0, \"exit\": 0}\\n')\n"
+             "    except OSError:\n        pass\nprint(sum(map(int, input().split())))")
+    result = run_tests(spray, parse_tests(TASKS["sum"]), SandboxLimits(time_limit=3.0, audit=audit))
+    assert result.verdicts == [True, True, True], result.detail
+
+
 @pytest.mark.parametrize("code, test, expected", [
     ("def f():\n    return 5.0", "assert f() == 5", 1.0),                       # Python's rules on plain data
     ("def f():\n    return True", "assert f() == 1", 1.0),
