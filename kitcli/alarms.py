@@ -18,7 +18,7 @@ the numbers TRL (or the kit's PPO loop) logs.
     loss_nan           the loss (or gradient norm) is NaN or infinite
     loss_exploding     |loss| above `explode_factor` x the median |loss| so far (and above `explode_floor`)
     judge_touched      completions of a code_exec stage reach for the machinery around their code (frames,
-                       builtins, sys.modules, __eq__...: rewards.judge.judge_touches); names the share and a sample
+                       builtins, sys.modules, __eq__...: rewards.text.judge_touches); names the share and a sample
     reward_unbacked    the code_exec reward rose by `hack_rise` while the tests it passes (code_exec/tests_passed),
                        or its held-out score (an eval log), rose by less than half as much: it pays for something else
 """
