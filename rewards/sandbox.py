@@ -3,9 +3,10 @@
 The judge never runs inside the judged. The sandboxed process (rewards/sandbox_harness.py) gets the completion's
 code and, for assert tests, only the expressions that need the solution (`add(2, 3)`, never `== 5`); it sends back
 their values as plain data. For stdin/stdout tests it gets the inputs; each test runs in a fresh child forked for
-it, writing to a pipe this process owns and reads; the expected output never leaves here. rewards/judge.py then decides each test's verdict here, and the score is the
-share of those verdicts that pass: always within [0, 1], whatever the code did to its own interpreter (replaced
-builtins, objects that equal everything, forged reports, early exits). What the code controls is the values it
+it, writing to a pipe this process owns and reads; the expected output never leaves here. rewards/judge.py then
+decides each test's verdict here, and the score is the share of those verdicts that pass: always within [0, 1],
+whatever the code did to its own interpreter (replaced builtins, objects that equal everything, forged reports,
+early exits). What the code controls is the values it
 reports, so it scores only where those values are right; see docs/rewards.md for what that still leaves open.
 
 Layers that contain the code itself, from the OS up (rewards/isolation.py probes once which ones hold on this
