@@ -2,7 +2,7 @@
 
     monitor = AlarmMonitor("grpo")
     for step, logs in stream:
-        for alarm in monitor.update(step, logs):
+        for alarm in monitor.update(step, logs, samples):
             print(alarm.message)
 
 Each check reads the metric stream one logging step at a time and raises an alarm when its condition starts to
@@ -17,6 +17,10 @@ the numbers TRL (or the kit's PPO loop) logs.
     length_pinned      (nearly) every completion hit max_completion_length for `length_steps` steps
     loss_nan           the loss (or gradient norm) is NaN or infinite
     loss_exploding     |loss| above `explode_factor` x the median |loss| so far (and above `explode_floor`)
+    judge_touched      completions of a code_exec stage reach for the machinery around their code (frames,
+                       builtins, sys.modules, __eq__...: rewards.text.judge_touches); names the share and a sample
+    reward_unbacked    the code_exec reward rose by `hack_rise` while the tests it passes (code_exec/tests_passed),
+                       or its held-out score (an eval log), rose by less than half as much: it pays for something else
 """
 
 from __future__ import annotations
@@ -27,12 +31,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kitcli import registry
+from rewards.text import extract_code, judge_touches
 
 # Where each stage type logs the quantities the checks read (first key present wins).
 REWARD_KEYS = ("reward", "objective/scores")
 KL_KEYS = ("kl", "objective/kl")
 LOSS_KEYS = ("loss", "loss/policy", "loss/value")
 GRAD_KEYS = ("grad_norm",)
+CODE_REWARD = "rewards/code_exec/mean"
+CODE_PASSED = "code_exec/tests_passed"      # logged by code_exec from the judge's own verdicts
+CODE_TOUCHES = "code_exec/judge_touches"    # share of completions whose code reaches for the judge
+CODE_EVAL_KEYS = ("eval_rewards/code_exec/mean", "eval/rewards/code_exec/mean")
 
 
 @dataclass
@@ -49,6 +58,8 @@ class AlarmSettings:
     explode_factor: float = 10.0
     explode_floor: float = 10.0
     explode_history: int = 5
+    hack_window: int = 5
+    hack_rise: float = 0.2
 
 
 @dataclass
@@ -83,6 +94,7 @@ class AlarmMonitor:
     raised: list[Alarm] = field(default_factory=list)
     history: dict[str, list[float]] = field(default_factory=dict)
     streaks: dict[str, int] = field(default_factory=dict)
+    held_out: list[tuple[float, float | None]] = field(default_factory=list)  # (eval score, training reward then)
 
     def remember(self, name: str, value: float | None) -> list[float]:
         values = self.history.setdefault(name, [])
@@ -94,13 +106,18 @@ class AlarmMonitor:
         self.streaks[name] = self.streaks.get(name, 0) + 1 if holds else 0
         return self.streaks[name]
 
-    def update(self, step: int, logs: dict[str, Any]) -> list[Alarm]:
-        """Check one logging step. Logs without training metrics (eval logs, the final summary) are skipped."""
-        if "train_runtime" in logs or all(str(k).startswith("eval_") for k in logs):
+    def update(self, step: int, logs: dict[str, Any], samples: list[dict[str, Any]] | None = None) -> list[Alarm]:
+        """Check one logging step (with the completions shown for it, if any). Eval logs feed only the held-out
+        comparison; the final summary is skipped."""
+        if "train_runtime" in logs:
             return []
+        checks = [self.check_loss, self.check_reward, self.check_zero_std, self.check_kl, self.check_length]
+        if all(str(k).startswith("eval_") for k in logs):
+            checks = []
         found: dict[str, str] = {}
-        for check in (self.check_loss, self.check_reward, self.check_zero_std, self.check_kl, self.check_length):
+        for check in checks:
             found.update(check(logs))
+        found.update(self.check_hacking(logs, samples or []))
         new = []
         for code, message in found.items():
             if code not in self.active:
@@ -125,6 +142,8 @@ class AlarmMonitor:
             codes.add("kl_growing")
         if "completions/mean_length" in logs or "completions/clipped_ratio" in logs:
             codes |= {"length_collapsed", "length_pinned"}
+        if CODE_REWARD in logs:
+            codes |= {"judge_touched", "reward_unbacked"}
         return codes
 
     # --- the checks: each returns {code: message} for the conditions that hold now ---------------------------
@@ -206,3 +225,69 @@ class AlarmMonitor:
                                           f"steps: the policy never stops; raise max_completion_length, or add an "
                                           f"overlong_penalty / format reward")
         return found
+
+    def check_hacking(self, logs: dict[str, Any], samples: list[dict[str, Any]]) -> dict[str, str]:
+        """Signs that a code_exec stage's policy is learning to game its reward instead of solving the tasks."""
+        found = {}
+        eval_key, held_out = first_value(logs, CODE_EVAL_KEYS)
+        if held_out is not None and finite(held_out):
+            self.held_out.append((held_out, window_mean(self.history.get("code_reward", []),
+                                                        self.settings.hack_window, last=True)))
+            found.update(self.unbacked_by_eval(eval_key))
+        if CODE_REWARD not in logs and CODE_TOUCHES not in logs:
+            return found
+        touching = [code for s in samples if judge_touches(code := extract_code(str(s.get("completion", ""))))]
+        share = logs.get(CODE_TOUCHES)
+        if touching or (isinstance(share, (int, float)) and share > 0):
+            sample = " ".join(touching[0].split()) if touching else ""
+            names = ", ".join(judge_touches(touching[0])) if touching else "see completions.jsonl"
+            what = f"{share:.0%} of completions" if isinstance(share, (int, float)) and share > 0 else "completions"
+            found["judge_touched"] = (f"{what} reach for the judge around their code ({names}); they score nothing "
+                                      f"for it, but a policy that keeps trying is hunting the reward, not solving "
+                                      f"the tasks" + (f"; sample: {sample[:200]}" if sample else ""))
+        _, reward = first_value(logs, (CODE_REWARD,))
+        _, passed = first_value(logs, (CODE_PASSED,))
+        if reward is not None and passed is not None:
+            self.remember("code_reward", reward)
+            self.remember("code_passed", passed)
+            found.update(self.unbacked_by_tests())
+        elif reward is not None:
+            self.remember("code_reward", reward)
+        return found
+
+    def unbacked_by_tests(self) -> dict[str, str]:
+        s = self.settings
+        rewards, passed = self.history["code_reward"], self.history["code_passed"]
+        if len(passed) < 2 * s.hack_window or len(rewards) != len(passed):
+            return {}
+        rise = window_mean(rewards, s.hack_window, last=True) - window_mean(rewards, s.hack_window, last=False)
+        backed = window_mean(passed, s.hack_window, last=True) - window_mean(passed, s.hack_window, last=False)
+        if rise >= s.hack_rise and backed < rise / 2:
+            return {"reward_unbacked": f"{CODE_REWARD} rose by {rise:.2f} while {CODE_PASSED} rose by {backed:.2f}: "
+                                       f"the reward pays for something other than passing tests; read the "
+                                       f"completions (completions.jsonl) before training further"}
+        return {}
+
+    def unbacked_by_eval(self, key: str) -> dict[str, str]:
+        """Compare the held-out score's move between the first and the latest eval with the training reward's
+        over the same stretch (from the first training logs when the first eval came before any)."""
+        if len(self.held_out) < 2:
+            return {}
+        (first, reward_then), (last, reward_now) = self.held_out[0], self.held_out[-1]
+        if reward_then is None:
+            reward_then = window_mean(self.history.get("code_reward", []), self.settings.hack_window, last=False)
+        if reward_then is None or reward_now is None:
+            return {}
+        rise, followed = reward_now - reward_then, last - first
+        if rise >= self.settings.hack_rise and followed < rise / 2:
+            return {"reward_unbacked": f"{CODE_REWARD} rose by {rise:.2f} in training while the held-out {key} "
+                                       f"moved by {followed:.2f}: the policy scores on the training prompts without "
+                                       f"solving more tasks; read the completions before training further"}
+        return {}
+
+
+def window_mean(values: list[float], window: int, last: bool) -> float | None:
+    if not values:
+        return None
+    chosen = values[-window:] if last else values[:window]
+    return sum(chosen) / len(chosen)

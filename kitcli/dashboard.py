@@ -250,7 +250,7 @@ class StageDashboard:
             if is_number(value):
                 self.history.setdefault(key, []).append(float(value))
         (self.latest_eval if evaluating else self.latest).update(logs)
-        alarms = self.monitor.update(step, logs)
+        alarms = self.monitor.update(step, logs, samples)
         if alarms:
             with open(StageDir(self.metrics_path.parent).alarms, "a", encoding="utf-8") as f:
                 for alarm in alarms:

@@ -105,7 +105,7 @@ def preview(recipe_name: str, *, stage_name: str | None, count: int, run_dir: Pa
 
     from kitcli.recipe import load_recipe
     from rewards.check import format_number, histogram, score_sample, weighted_total
-    from rewards.registry import check_columns
+    from rewards.registry import check_data
     from rewards.text import completion_text, prompt_text
 
     recipe = load_recipe(recipe_name, overrides)
@@ -114,7 +114,7 @@ def preview(recipe_name: str, *, stage_name: str | None, count: int, run_dir: Pa
     ctx = stage_context(recipe, stage, run_dir, console)
     rows = stage_rows(ctx, stage)
     rewards = stage_rewards(ctx, stage, run_dir)
-    check_columns(rewards, rows[0], ctx.where, f"'{stage['data']['path']}'")
+    check_data(rewards, rows, ctx.where, f"'{stage['data']['path']}'")
     settings = generation_settings(ctx, stage)
     max_new_tokens = max_new_tokens or settings["max_completion_length"]
     temperature = settings["temperature"] if temperature is None else temperature

@@ -98,7 +98,8 @@ def rewards_test(reward: str, data_path: str, arg_items: tuple[str, ...], run_di
 
     from kitcli.data import read_rows
     from rewards.check import format_number, score_sample
-    from rewards.registry import check_columns, load_reward, required_columns
+    from rewards.guard import format_range
+    from rewards.registry import check_data, load_reward, required_columns
 
     where = "kit rewards test"
     path = Path(data_path)
@@ -110,7 +111,7 @@ def rewards_test(reward: str, data_path: str, arg_items: tuple[str, ...], run_di
                        f"{', '.join(sorted(rows[0]))}")
     loaded = load_reward({"name": reward, "args": parse_args(arg_items)}, Path.cwd(), where,
                          run_dir=Path(run_dir) if run_dir else None)
-    check_columns([loaded], rows[0], where, f"'{path}'", mapping_hint=False)
+    check_data([loaded], rows, where, f"'{path}'", mapping_hint=False)
     prompts = [row.get("prompt", "") for row in rows]
     completions = [row["completion"] for row in rows]
     columns = {key: [row.get(key) for row in rows] for key in rows[0] if key not in ("prompt", "completion")}
@@ -119,10 +120,14 @@ def rewards_test(reward: str, data_path: str, arg_items: tuple[str, ...], run_di
     out = console()
     shown = [c for c in required_columns(loaded.fn) if c in rows[0]]
     table = Table("#", "completion", *shown, loaded.name, title=f"{loaded.name} ({loaded.source})")
+    outside = dict(report.violations)
     for index, (row, score) in enumerate(zip(rows[:show], report.scores)):
         table.add_row(str(index), short(message_text(row["completion"])), *[short(row[c], 24) for c in shown],
-                      format_number(score))
+                      format_number(score) + (" (outside!)" if index in outside else ""),
+                      style="red" if index in outside else None)
     out.print(table)
+    out.print(f"{loaded.name}: " + (f"scores in {format_range(loaded.score_range)} (its declared range)"
+                                    if loaded.score_range else "no declared range"), markup=False)
     if len(rows) > show:
         out.print(f"... {len(rows) - show} more rows (--show N)", markup=False)
     print_distribution(out, report)
@@ -130,6 +135,10 @@ def rewards_test(reward: str, data_path: str, arg_items: tuple[str, ...], run_di
         out.print("note: no completion_ids column, so lengths are counted in characters, not tokens", markup=False)
     for warning in report.warnings():
         out.print(f"warning: {warning}", style="yellow", markup=False)
+    if outside:
+        rows_at = ", ".join(str(i) for i in list(outside)[:10]) + (" ..." if len(outside) > 10 else "")
+        raise KitError(f"{where}: reward '{loaded.name}' scored outside its declared range "
+                       f"{format_range(loaded.score_range)} on rows {rows_at}; fix the function or its score_range")
 
 
 def print_distribution(out, report) -> None:
@@ -178,7 +187,7 @@ def rewards_sandbox() -> None:
     """Show which code-sandbox limits hold on this machine."""
     from rich.table import Table
 
-    from rewards.sandbox import isolation
+    from rewards.isolation import isolation
 
     table = Table("limit", "held by")
     for name, how in isolation().layers.items():

@@ -4,26 +4,37 @@ pyproject), the same way a third-party package registers its own; `kit rewards l
 Every reward takes `(prompts, completions, **columns)` and returns one float (or None: "no score") per
 completion; completions are strings or, for conversational data, lists of messages, as TRL passes them.
 Plain functions take no arguments; factories (`@reward_factory`) take the recipe's `args:` and return one.
+Each declares the range of its scores (`@score_range`, or `score_range` on what a factory returns); the guard
+stops training when a score falls outside it.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from kitcli.errors import KitError
-from rewards.registry import reward_factory
-from rewards.text import completion_lengths, completion_text, extract_answer, extract_code, normalize_answer, tagged
+from rewards.registry import reward_factory, score_range
+from rewards.text import (
+    completion_lengths,
+    completion_text,
+    extract_answer,
+    extract_code,
+    judge_touches,
+    normalize_answer,
+    tagged,
+)
 
 log = logging.getLogger("rewards")
 
 
 # --- answers ----------------------------------------------------------------------------------------------------
 
+@score_range(0, 1)
 def exact_match(prompts, completions, answer, **kwargs) -> list[float]:
     r"""1.0 when the completion's final answer equals the row's `answer` column.
 
@@ -43,6 +54,7 @@ def exact_match(prompts, completions, answer, **kwargs) -> list[float]:
     return scores
 
 
+@score_range(0, 1)
 def math_equal(prompts, completions, answer, **kwargs) -> list[float | None]:
     r"""1.0 when the final answer equals the row's `answer` mathematically (math-verify).
 
@@ -82,6 +94,7 @@ def math_equal(prompts, completions, answer, **kwargs) -> list[float | None]:
 NUMBER = re.compile(r"^[-+]?\d+(?:\.\d+)?$")
 
 
+@score_range(0, 1)
 @reward_factory
 def numeric_closeness(scale: float = 1.0):
     """Partial credit for a numeric answer near the row's `answer`: 1 / (1 + |given - expected| / scale).
@@ -142,6 +155,7 @@ def check_tags(tags: Any) -> list[str]:
     return list(tags)
 
 
+@score_range(0, 1)
 @reward_factory
 def format(tags: list[str] = ("think", "answer"), strict: bool = False):  # noqa: A001
     """1.0 when the completion has the tags in order (soft), or is exactly them (strict).
@@ -174,6 +188,7 @@ def format(tags: list[str] = ("think", "answer"), strict: bool = False):  # noqa
     return format_reward
 
 
+@score_range(0, 1)
 @reward_factory
 def tag_credit(tags: list[str] = ("think", "answer")):
     """Partial credit for each reasoning/answer tag that appears exactly once.
@@ -235,9 +250,11 @@ def length_penalty(max_length: int, target: int = 0, max_penalty: float = -1.0):
         return [max_penalty * min(max(n - target, 0) / (max_length - target), 1.0) + 0.0 for n in lengths]
 
     length_penalty_reward.__name__ = "length_penalty"
+    length_penalty_reward.score_range = (max_penalty, 0.0)
     return length_penalty_reward
 
 
+@score_range(-1, 0)
 @reward_factory
 def overlong_penalty(max_length: int, cache: int):
     """DAPO's soft overlong punishment: 0, then down to -1 near and past max_length.
@@ -286,11 +303,13 @@ def repetition_penalty(ngram: int = 3, max_penalty: float = -1.0):
         return scores
 
     repetition_penalty_reward.__name__ = "repetition_penalty"
+    repetition_penalty_reward.score_range = (max_penalty, 0.0)
     return repetition_penalty_reward
 
 
 # --- learned reward model ---------------------------------------------------------------------------------------
 
+@score_range(-math.inf, math.inf)  # a learned score: any finite number
 @reward_factory
 def reward_model(path: str | None = None, stage: str | None = None, batch_size: int = 8, max_length: int = 1024,
                  *, base_dir: Path | None = None, run_dir: Path | None = None):
@@ -336,24 +355,29 @@ def reward_model(path: str | None = None, stage: str | None = None, batch_size: 
 
 # --- code execution ---------------------------------------------------------------------------------------------
 
+@score_range(0, 1)
 @reward_factory
 def code_exec(tests_column: str = "tests", time_limit: float = 5.0, memory_mb: int = 512, partial: bool = True,
               workers: int = 2, network: bool = False):
-    """Share of the row's test cases that the completion's code passes, run in a sandbox.
+    """Share of the row's test cases that the completion's code passes, run in a sandbox and judged outside it.
 
-    Runs the completion's code (its last ```python block, else the whole text) against the row's test cases
-    in a sandbox: a separate process with a time limit, a memory limit, no network where the OS allows it, in a
-    temporary directory (see rewards/sandbox.py). Scores the share of tests passed (`partial: false`: 1.0 only
-    when all pass). A hang, crash, memory hog or fork bomb scores 0 and is logged; it never stops training.
+    Runs the completion's code (its last ```python block, else the whole text) in a sandbox: a separate process
+    with a time limit, a memory limit, no network where the OS allows it, in a temporary directory (see
+    rewards/sandbox.py). The sandbox only computes: the values an assertion needs, the output a program prints.
+    Every verdict is made in this process, on plain data, against expected values the sandbox never sees. Scores
+    the share of tests passed (`partial: false`: 1.0 only when all pass). A hang, crash, memory hog or fork bomb
+    fails the tests it had not passed, is logged, and never stops training.
 
-    Test cases (column `tests` by default): assert statements run after the code, or stdin/stdout pairs
-    `{input: "2\\n", output: "4\\n"}`; a list, one item, or a JSON string of either. No test cases: None.
+    Test cases (column `tests` by default): assert statements (after optional imports), or stdin/stdout pairs
+    `{input: "2\\n", output: "4\\n"}`; a list, one item, or a JSON string of either. No test cases: None. A test
+    case the judge cannot split (docs/rewards.md) is refused when the data is read.
 
     >>> reward = code_exec(time_limit=2)
     >>> reward(["double"], ["```python\\ndef f(x):\\n    return 2 * x\\n```"], tests=[["assert f(2) == 4"]])
     [1.0]
     """
-    from rewards.sandbox import SandboxLimits, normalize_tests, run_tests
+    from rewards.judge import parse_tests
+    from rewards.sandbox import SandboxLimits, run_batch
 
     if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not 0 < time_limit <= 600:
         raise KitError(f"time_limit must be a number of seconds from 0 to 600, got {time_limit!r}")
@@ -361,24 +385,41 @@ def code_exec(tests_column: str = "tests", time_limit: float = 5.0, memory_mb: i
                            network=bool(network))
     workers = positive_int(workers, "workers")
 
+    def row_tests(value: Any, index: int):
+        try:
+            return parse_tests(value)
+        except ValueError as problem:
+            raise ValueError(f"row {index}, column {tests_column}: {problem}") from None
+
+    def check_rows(rows: list[dict[str, Any]]) -> None:
+        for index, row in enumerate(rows):
+            row_tests(row.get(tests_column), index)
+
     def code_exec_reward(prompts, completions, **columns) -> list[float | None]:
         if tests_column not in columns:
             raise KeyError(f"code_exec needs a '{tests_column}' column with each row's test cases; the rows have "
                            f"{', '.join(sorted(k for k in columns if k not in TRAINER_KWARGS)) or 'none'}")
-        cases = [normalize_tests(value) for value in columns[tests_column]]
+        cases = [row_tests(value, index) for index, value in enumerate(columns[tests_column])]
         codes = [extract_code(completion_text(c)) for c in completions]
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            results = list(pool.map(lambda pair: run_tests(pair[0], pair[1], limits), zip(codes, cases)))
+        results = run_batch(codes, cases, limits, workers)
+        touches = [judge_touches(code) for code in codes]
         for index, result in enumerate(results):
             if result.status in ("timeout", "memory", "crashed"):
-                log.warning("code_exec: sample %d %s after %.2fs (%s); scored 0", index, result.status,
-                            result.seconds, result.detail)
+                log.warning("code_exec: sample %d %s after %.2fs (%s); its unpassed tests fail", index,
+                            result.status, result.seconds, result.detail)
         if callable(columns.get("log_extra")):
-            columns["log_extra"]("code_exec", [f"{r.status} {r.passed}/{r.total}" for r in results])
+            columns["log_extra"]("code_exec", [f"{r.status} {r.passed}/{r.total}" + (
+                f" touches {', '.join(t)}" if t else "") for r, t in zip(results, touches)])
+        total = sum(r.total for r in results)
+        if callable(columns.get("log_metric")) and total:
+            columns["log_metric"]("code_exec/tests_passed", sum(r.passed for r in results) / total)
+            columns["log_metric"]("code_exec/judge_touches", sum(bool(t) for t in touches) / len(touches))
         return [None if r.status == "no_tests" else r.score(partial) for r in results]
 
     code_exec_reward.__name__ = "code_exec"
     code_exec_reward.required_columns = [tests_column]
+    code_exec_reward.check_rows = check_rows
+    code_exec_reward.score_range = (0.0, 1.0)
     return code_exec_reward
 
 

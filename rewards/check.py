@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kitcli.errors import KitError
-from rewards.guard import RewardStats, guard_reward
+from rewards.guard import RewardStats, format_range, guard_reward, out_of_range
 from rewards.registry import LoadedReward
 
 
@@ -32,6 +32,11 @@ class RewardReport:
     def values(self) -> list[float]:
         return [s for s in self.scores if s is not None]
 
+    @property
+    def violations(self) -> list[tuple[int, float]]:
+        """(sample index, score) for the scores outside the reward's declared range."""
+        return out_of_range(self.reward, self.scores)
+
     def summary(self) -> dict[str, Any]:
         values = self.values
         if not values:
@@ -48,6 +53,11 @@ class RewardReport:
             return [f"reward '{self.name}' scored no sample (None for all {len(self.scores)}); check that the "
                     f"columns it reads are filled in"]
         out = []
+        if self.violations:
+            index, value = self.violations[0]
+            out.append(f"reward '{self.name}' scored {value:g} on sample {index}, outside its declared range "
+                       f"{format_range(self.reward.score_range)} ({len(self.violations)} of {len(self.scores)} "
+                       f"samples): training would stop there")
         if len(values) > 1 and max(values) == min(values):
             value = values[0]
             which = {0.0: "always 0", 1.0: "always 1"}.get(value, f"always {value:g}")
@@ -65,9 +75,10 @@ class RewardReport:
 def score_sample(reward: LoadedReward, prompts: list[Any], completions: list[Any], columns: dict[str, list],
                  *, keep_going: bool = True) -> RewardReport:
     """Score through the same guard the trainers use; a failure becomes the report's error (or, with
-    `keep_going=False`, the KitError that names the sample)."""
+    `keep_going=False`, the KitError that names the sample). Scores outside the declared range are kept and
+    listed in `violations` (and the warnings), so that every offending sample can be shown."""
     stats = RewardStats()
-    guarded = guard_reward(reward, stats)
+    guarded = guard_reward(reward, stats, enforce_range=False)
     started = time.perf_counter()
     try:
         scores = guarded(prompts, completions, **columns)

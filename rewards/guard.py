@@ -1,7 +1,9 @@
 """Rewards during training: check what each reward returns, name the reward and sample at fault, time them.
 
 A reward that raises, returns the wrong number of scores, NaN or a non-number stops the run with a KitError
-naming the reward, the sample index and the value. With `on_error: skip` the failing sample scores None instead
+naming the reward, the sample index and the value. A score outside the range the reward declares (`score_range`,
+rewards/registry.py) stops it too, whatever on_error says: the reward broke its promise, so its scores cannot be
+trusted. With `on_error: skip` the failing sample scores None instead
 (TRL then ignores that reward for that sample; when the whole batch raised, each sample is scored alone so only
 the failing ones are skipped) and the skips are counted in the metrics (`reward_skipped/<name>`), next to the
 seconds spent in each reward (`reward_seconds/<name>`, `reward_seconds/total`).
@@ -51,46 +53,69 @@ def check_score(value: Any) -> float | None:
     return value
 
 
-def guard_reward(reward: LoadedReward, stats: RewardStats) -> Callable[..., list[float | None]]:
-    """Wrap `reward.fn` for a trainer; the wrapper keeps the reward's `__name__` (TRL logs by it)."""
+def format_range(bounds: tuple[float, float]) -> str:
+    return "[" + ", ".join(f"{b:g}" for b in bounds) + "]"
+
+
+def out_of_range(reward: LoadedReward, scores: list[float | None]) -> list[tuple[int, float]]:
+    """(sample index, score) for each score outside the reward's declared range."""
+    if reward.score_range is None:
+        return []
+    low, high = reward.score_range
+    return [(i, s) for i, s in enumerate(scores) if s is not None and not low <= s <= high]
+
+
+def guard_reward(reward: LoadedReward, stats: RewardStats,
+                 enforce_range: bool = True) -> Callable[..., list[float | None]]:
+    """Wrap `reward.fn` for a trainer; the wrapper keeps the reward's `__name__` (TRL logs by it).
+    `enforce_range=False` leaves scores outside the declared range to the caller (`kit rewards test` flags them)."""
 
     def call(prompts, completions, **kwargs):
         return reward.fn(prompts=prompts, completions=completions, **kwargs)
 
+    def checked(prompts, completions, kwargs) -> list[float | None]:
+        try:
+            raw = call(prompts, completions, **kwargs)
+        except KitError:
+            raise
+        except Exception as error:
+            if reward.on_error == "skip":
+                return score_one_by_one(call, prompts, completions, kwargs, reward.name, stats)
+            index = failing_sample(call, prompts, completions, kwargs)
+            at = f" on sample {index} (completion {short(completions[index])})" if index is not None else ""
+            raise KitError(f"reward '{reward.name}' raised {type(error).__name__}: {error}{at}; fix the function "
+                           f"or set on_error: skip on it") from None
+        if raw is None or isinstance(raw, (str, bytes)) or not hasattr(raw, "__len__") \
+                or len(raw) != len(completions):
+            if reward.on_error == "skip":
+                return score_one_by_one(call, prompts, completions, kwargs, reward.name, stats)
+            got = (f"{len(raw)} scores" if hasattr(raw, "__len__") and not isinstance(raw, (str, bytes))
+                   else short(raw))
+            raise KitError(f"reward '{reward.name}' returned {got} for {len(completions)} completions; "
+                           f"it must return a list with one float (or None) per completion, or set on_error: "
+                           f"skip")
+        scores: list[float | None] = []
+        for index, value in enumerate(raw):
+            try:
+                scores.append(check_score(value))
+            except ValueError as problem:
+                if reward.on_error == "skip":
+                    stats.skipped[reward.name] += 1
+                    scores.append(None)
+                    continue
+                raise KitError(f"reward '{reward.name}' returned {problem} for sample {index}; return a float "
+                               f"or None per completion, or set on_error: skip") from None
+        return scores
+
     def guarded(prompts, completions, **kwargs) -> list[float | None]:
         started = time.perf_counter()
         try:
-            try:
-                raw = call(prompts, completions, **kwargs)
-            except KitError:
-                raise
-            except Exception as error:
-                if reward.on_error == "skip":
-                    return score_one_by_one(call, prompts, completions, kwargs, reward.name, stats)
-                index = failing_sample(call, prompts, completions, kwargs)
-                at = f" on sample {index} (completion {short(completions[index])})" if index is not None else ""
-                raise KitError(f"reward '{reward.name}' raised {type(error).__name__}: {error}{at}; fix the function "
-                               f"or set on_error: skip on it") from None
-            if raw is None or isinstance(raw, (str, bytes)) or not hasattr(raw, "__len__") \
-                    or len(raw) != len(completions):
-                if reward.on_error == "skip":
-                    return score_one_by_one(call, prompts, completions, kwargs, reward.name, stats)
-                got = (f"{len(raw)} scores" if hasattr(raw, "__len__") and not isinstance(raw, (str, bytes))
-                       else short(raw))
-                raise KitError(f"reward '{reward.name}' returned {got} for {len(completions)} completions; "
-                               f"it must return a list with one float (or None) per completion, or set on_error: "
-                               f"skip")
-            scores: list[float | None] = []
-            for index, value in enumerate(raw):
-                try:
-                    scores.append(check_score(value))
-                except ValueError as problem:
-                    if reward.on_error == "skip":
-                        stats.skipped[reward.name] += 1
-                        scores.append(None)
-                        continue
-                    raise KitError(f"reward '{reward.name}' returned {problem} for sample {index}; return a float "
-                                   f"or None per completion, or set on_error: skip") from None
+            scores = checked(prompts, completions, kwargs)
+            outside = out_of_range(reward, scores) if enforce_range else []
+            if outside:
+                index, value = outside[0]
+                raise KitError(f"reward '{reward.name}' returned {value!r} for sample {index}, outside its declared "
+                               f"range {format_range(reward.score_range)}; fix the function or its score_range")
             return scores
         finally:
             stats.seconds[reward.name] += time.perf_counter() - started

@@ -5,6 +5,11 @@ or `path/to/file.py:function` (relative to the recipe file).
 A reward is a plain callable `fn(prompts, completions, **columns) -> list[float | None]` with a stable
 `__name__`. A factory (marked with `@reward_factory`) is called with the recipe's `args` and returns one; a
 factory that declares `base_dir` or `run_dir` parameters gets the recipe's directory and the run directory.
+
+Optional attributes a reward may carry: `score_range = (low, high)` (set by `@score_range(low, high)`, on the
+function or on its factory), the interval every score falls in, which the guard enforces during training;
+`required_columns`, the dataset columns it reads; `check_rows(rows)`, which raises ValueError naming the row when
+the data cannot be scored (run by `check_data` before any model loads).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import difflib
 import importlib
 import importlib.util
 import inspect
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +46,34 @@ def reward_factory(fn: Callable) -> Callable:
     return fn
 
 
+def score_range(low: float, high: float) -> Callable[[Callable], Callable]:
+    """Declare that every score of a reward (or of the rewards a factory makes) lies in [low, high]: a score
+    outside it stops training with an error naming the reward, the value and the range."""
+    if not (isinstance(low, (int, float)) and isinstance(high, (int, float))) or not low <= high:
+        raise ValueError(f"score_range needs two numbers low <= high, got {low!r}, {high!r}")
+
+    def declare(fn: Callable) -> Callable:
+        fn.score_range = (float(low), float(high))
+        return fn
+
+    return declare
+
+
+def declared_range(fn: Any, where: str, name: str) -> tuple[float, float] | None:
+    """The range a reward declares (`score_range` attribute), checked: two numbers low <= high, or None."""
+    declared = getattr(fn, "score_range", None)
+    if declared is None:
+        return None
+    try:
+        low, high = (float(v) for v in declared)
+    except (TypeError, ValueError):
+        low = high = math.nan
+    if not low <= high:  # also false for NaN
+        raise KitError(f"{where}: reward '{name}' declares score_range {declared!r}; it must be (low, high) with "
+                       f"low <= high")
+    return low, high
+
+
 @dataclass
 class LoadedReward:
     fn: RewardFn
@@ -48,6 +82,7 @@ class LoadedReward:
     on_error: str = "raise"
     source: str = ""
     args: dict[str, Any] = field(default_factory=dict)
+    score_range: tuple[float, float] | None = None  # every score must lie in [low, high] (None: any number)
 
 
 def distribution_name(ep: metadata.EntryPoint) -> str:
@@ -247,8 +282,9 @@ def load_reward(raw: Any, base_dir: Path, where: str = "rewards", run_dir: Path 
     if not callable(fn):
         raise KitError(f"{where}: reward '{spec['name']}' ({source}) is not callable")
     name = getattr(fn, "__name__", spec["name"])
+    declared = declared_range(fn if hasattr(fn, "score_range") else target, where, name)
     return LoadedReward(fn=fn, name=name, weight=float(spec["weight"]), on_error=spec["on_error"], source=source,
-                        args=spec["args"])
+                        args=spec["args"], score_range=declared)
 
 
 def load_rewards(raws: list[Any], base_dir: Path, where: str = "rewards",
@@ -285,3 +321,18 @@ def check_columns(rewards: list[LoadedReward], columns, where: str, path: str = 
                            if others and mapping_hint else "")
                 raise KitError(f"{where}: reward '{reward.name}' needs column '{column}', which {path} does not "
                                f"have (columns: {', '.join(sorted(present)) or 'none'}){example}")
+
+
+def check_data(rewards: list[LoadedReward], rows: list[dict[str, Any]], where: str, path: str = "the data",
+               mapping_hint: bool = True) -> None:
+    """Before any model loads: the columns every reward needs, then each reward's own check of the rows (e.g.
+    code_exec refusing a test case it cannot judge), as one line naming the reward, the file and the row."""
+    check_columns(rewards, rows[0] if rows else {}, where, path, mapping_hint)
+    for reward in rewards:
+        check = getattr(reward.fn, "check_rows", None)
+        if check is None:
+            continue
+        try:
+            check(rows)
+        except ValueError as problem:
+            raise KitError(f"{where}: reward '{reward.name}': {path}: {problem}") from None

@@ -1,44 +1,41 @@
 """Runs inside the sandbox process (`python -I -S -B sandbox_harness.py JOB`); standard library only.
 
-Order matters: read the job, limit resources, drop privileges, install the audit hook, and only then compile
-and run the completion's code. Results go to the original stdout as lines that start with the job's nonce, so
-the code under test cannot forge them by printing.
+It computes values; it never judges them. The job holds the completion's code and, for assert tests, only the
+expressions to evaluate (probes, e.g. `add(2, 3)`): no expected value, no expected output, no comparison. The
+parent (rewards/sandbox.py, rewards/judge.py) decides every verdict from what comes back, so whatever the code does
+to this process (replace builtins, walk its frames, write on its channel) changes at most the values it reports.
+
+Order matters: read the job, limit resources, drop privileges, install the audit hook, and only then compile and
+run the completion's code. Two modes:
+- "probes": per test, run the code in a fresh namespace, then the test's import lines, then each probe; send
+  {"test": i, "ran": true} and, per probe, {"test": i, "probe": j, "value": <plain data>} or {..., "raised": why}
+  as JSON lines on the channel descriptor the parent passed.
+- "program": per stdin/stdout test, fork a fresh child that runs the code as __main__ with the test's input on its
+  stdin and, as its stdout, a pipe the parent created for that test and reads itself; send {"test": i, "exit":
+  status}. This process never runs the code; each child gets the process limit and the audit hook after the fork
+  and closes every descriptor but its own stdout before the code starts.
 """
 
-import io
+import builtins
 import json
+import math
 import os
 import resource
 import sys
 
-
-class BoundedWriter(io.TextIOBase):
-    """Stands in for sys.stdout: keeps the first `limit` characters, drops the rest."""
-
-    def __init__(self, limit):
-        self.parts, self.size, self.limit = [], 0, limit
-
-    def writable(self):
-        return True
-
-    def write(self, text):
-        if self.size < self.limit:
-            self.parts.append(text[: self.limit - self.size])
-            self.size += len(self.parts[-1])
-        return len(text)
-
-    def getvalue(self):
-        return "".join(self.parts)
+MAX_DEPTH = 100
 
 
-def limit_resources(job):
+def limit_resources(job, processes=True):
+    """CPU time, memory, file size, descriptors, no core files and (with `processes`) RLIMIT_NPROC: in program mode
+    the children set that one after the fork, since it may count every process of the user."""
     seconds = max(1, int(job["time_limit"] + 0.999))
     memory = job["memory_mb"] * 1024 * 1024
     file_size = job["max_file_mb"] * 1024 * 1024
     limits = [(resource.RLIMIT_CPU, (seconds, seconds + 1)), (resource.RLIMIT_AS, (memory, memory)),
               (resource.RLIMIT_FSIZE, (file_size, file_size)), (resource.RLIMIT_CORE, (0, 0)),
               (resource.RLIMIT_NOFILE, (64, 64))]
-    if hasattr(resource, "RLIMIT_NPROC"):
+    if hasattr(resource, "RLIMIT_NPROC") and processes:
         limits.append((resource.RLIMIT_NPROC, (job["max_processes"], job["max_processes"])))
     for kind, value in limits:
         try:
@@ -108,51 +105,134 @@ def describe(error):
     return text[:300]
 
 
-def run_tests(job, report):
-    code = job["code"]
+def plain(value, depth=0):
+    """`value` as JSON-ready plain data with its types kept (the parent's rewards.judge.decode_plain reads it);
+    TypeError for anything that is not exactly a builtin value (an object with its own __eq__, a subclass of int,
+    a generator)."""
+    if depth > MAX_DEPTH:
+        raise TypeError("returned data nested too deeply")
+    kind = type(value)
+    if value is None or kind is bool or kind is str:
+        return value
+    if kind is int:
+        return value if -(2 ** 53) < value < 2 ** 53 else {"int": hex(value)}
+    if kind is float:
+        return value if math.isfinite(value) else {"float": repr(value)}
+    if kind is bytes:
+        return {"bytes": value.hex()}
+    if kind is list:
+        return [plain(item, depth + 1) for item in value]
+    if kind in (tuple, set, frozenset):
+        return {kind.__name__: [plain(item, depth + 1) for item in value]}
+    if kind is dict:
+        return {"dict": [[plain(k, depth + 1), plain(v, depth + 1)] for k, v in value.items()]}
+    raise TypeError(f"returned a {kind.__module__}.{kind.__qualname__}, which is not plain data (None, bool, int, "
+                    f"float, str, bytes, or a list, tuple, dict or set of those)")
+
+
+def run_probes(job, send):
     try:
-        compiled = compile(code, "<completion>", "exec")
+        compiled = compile(job["code"], "<completion>", "exec")
     except (SyntaxError, ValueError) as error:
-        report("error", describe(error))
+        send({"error": describe(error)})
         return
-    passed = 0
     for index, test in enumerate(job["tests"]):
-        stdout = BoundedWriter(1 << 20)
-        sys.stdout, sys.stderr = stdout, BoundedWriter(1 << 16)
+        namespace = {"__name__": "solution", "__builtins__": builtins}
         try:
-            if test["kind"] == "io":
-                sys.stdin = io.TextIOWrapper(io.BytesIO(test["input"].encode("utf-8")), encoding="utf-8")
-                try:
-                    exec(compiled, {"__name__": "__main__", "__builtins__": __builtins__})
-                except SystemExit as stop:
-                    if stop.code not in (None, 0):
-                        raise
-                ok = lines(stdout.getvalue()) == lines(test["output"])
-                failure = None if ok else f"wrong output for test {index}"
-            else:
-                sys.stdin = io.StringIO("")
-                namespace = {"__name__": "solution", "__builtins__": __builtins__}
-                exec(compiled, namespace)
-                exec(compile(test["code"], f"<test {index}>", "exec"), namespace)
-                failure = None
+            exec(compiled, namespace)
+            for line in test["setup"]:
+                exec(compile(line, f"<test {index}>", "exec"), namespace)
         except MemoryError:
-            sys.stdout = sys.__stdout__
-            report("memory", f"MemoryError in test {index}")
+            send({"memory": f"MemoryError in test {index}"})
             return
         except BaseException as error:  # the code under test may raise anything, SystemExit included
-            failure = f"test {index}: {describe(error)}"
-        finally:
-            sys.stdout, sys.stderr, sys.stdin = sys.__stdout__, sys.__stderr__, sys.__stdin__
-        if failure is None:
-            passed += 1
-            report("pass", str(index))
-        else:
-            report("fail", failure)
-    report("done", f"{passed} {len(job['tests'])}")
+            send({"test": index, "raised": describe(error)})
+            continue
+        send({"test": index, "ran": True})
+        for number, source in enumerate(test["probes"]):
+            try:
+                value = plain(eval(compile(source, f"<test {index}>", "eval"), namespace))
+            except MemoryError:
+                send({"memory": f"MemoryError in test {index}"})
+                return
+            except BaseException as error:
+                send({"test": index, "probe": number, "raised": describe(error)})
+                continue
+            send({"test": index, "probe": number, "value": value})
+    send({"end": True})
 
 
-def lines(text):
-    return [line.rstrip() for line in text.strip().splitlines()]
+def run_program(job, send):
+    """Each stdin/stdout test in a child of its own; this process only forks, waits and reports exit statuses."""
+    try:
+        compiled = compile(job["code"], "<completion>", "exec")
+    except (SyntaxError, ValueError) as error:
+        send({"error": describe(error)})
+        os.write(2, f"{describe(error)}\n".encode("utf-8", "replace"))
+        return
+    own = {test["stdout"] for test in job["tests"]} | {job["channel"]}  # this process's descriptors still open
+    for index, test in enumerate(job["tests"]):
+        given = f".stdin-{index}"
+        with open(given, "wb") as f:
+            f.write(test["input"].encode("utf-8"))
+        try:
+            child = os.fork()
+        except OSError as error:
+            send({"test": index, "exit": None, "raised": describe(error)})
+            continue
+        if child == 0:
+            run_child(job, compiled, given, test["stdout"], own)
+        os.close(test["stdout"])  # the child holds it: the parent sees the end of the output when the child ends
+        own.discard(test["stdout"])
+        _, status = os.waitpid(child, 0)
+        send({"test": index, "exit": os.waitstatus_to_exitcode(status)})
+
+
+def run_child(job, compiled, given, stdout, own):
+    """In the forked child: the test's input as stdin, its pipe as stdout, nothing else of the parent's; then the
+    process limit, the audit hook and the code, as a script. Never returns."""
+    status = 1
+    try:
+        descriptor = os.open(given, os.O_RDONLY)
+        os.dup2(descriptor, 0)
+        os.close(descriptor)
+        os.dup2(stdout, 1)
+        for fd in own:
+            os.close(fd)  # the other tests' pipes and the channel: the code can write on none of them
+        if hasattr(resource, "RLIMIT_NPROC"):
+            try:
+                resource.setrlimit(resource.RLIMIT_NPROC, (job["max_processes"], job["max_processes"]))
+            except (ValueError, OSError):
+                pass
+        if job["audit"]:
+            install_audit_hook(job["workdir"], job["network"])
+        status = run_script(compiled)
+    finally:
+        os._exit(status & 0xFF)
+
+
+def run_script(compiled):
+    """Run the code as __main__ and return its exit status, as `python script.py` would (a traceback on stderr,
+    without this harness's frame, when it raised)."""
+    status = 0
+    try:
+        exec(compiled, {"__name__": "__main__", "__builtins__": builtins})
+    except SystemExit as stop:
+        status = stop.code if type(stop.code) is int else 0 if stop.code is None else 1
+        if stop.code is not None and type(stop.code) is not int:
+            os.write(2, f"{stop.code}\n".encode("utf-8", "replace"))
+    except BaseException as error:  # MemoryError included: the traceback says so
+        import traceback
+
+        text = "".join(traceback.format_exception(type(error), error, error.__traceback__.tb_next))
+        os.write(2, text.encode("utf-8", "replace")[-4000:])
+        status = 1
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    return status
 
 
 def main():
@@ -161,22 +241,22 @@ def main():
         job = json.load(f)
     os.remove(job_path)
     os.chdir(job["workdir"])
-    results = os.dup(1)
-    nonce = job["nonce"]
+    channel = job["channel"]
 
-    def report(kind, text):
-        line = f"{nonce} {kind} {json.dumps(text)}\n".encode("utf-8", "replace")
+    def send(message):
         try:
-            os.write(results, line)
-        except OSError:
+            data = (json.dumps(message) + "\n").encode("utf-8", "replace")
+            while data:
+                data = data[os.write(channel, data):]
+        except (OSError, TypeError, ValueError, RecursionError):
             pass
 
-    limit_resources(job)
+    program = job["mode"] == "program"
+    limit_resources(job, processes=not program)
     drop_privileges(job)
-    if job["audit"]:
+    if job["audit"] and not program:
         install_audit_hook(job["workdir"], job["network"])
-    run_tests(job, report)
-    sys.stdout.flush()
+    (run_program if program else run_probes)(job, send)
     os._exit(0)  # skip interpreter teardown: atexit handlers the code registered do not run
 
 

@@ -1,4 +1,5 @@
-"""Text helpers shared by the built-in rewards: a completion's text, its final answer, its code block."""
+"""Text helpers shared by the built-in rewards: a completion's text, its final answer, its code block, and the
+names in its code that reach for the judge around it (code_exec and the dashboard's alarm read them)."""
 
 from __future__ import annotations
 
@@ -82,3 +83,16 @@ def completion_lengths(completions: list[Any], completion_ids: list[list[int]] |
     if completion_ids is not None and len(completion_ids) == len(completions):
         return [len(ids) for ids in completion_ids], "tokens"
     return [len(completion_text(c)) for c in completions], "characters"
+
+
+JUDGE_NAMES = ("_getframe", "f_back", "f_globals", "f_locals", "f_builtins", "builtins", "__builtins__", "sys.modules",
+               "gc", "__eq__", "__ne__", "__hash__", "__del__", "atexit", "os._exit", "os.write", "os.dup", "os.dup2",
+               "inspect", "__subclasses__", "__class__", "__mro__", "__code__", "settrace", "setprofile", "ctypes",
+               "/proc/self")
+JUDGE_PATTERN = re.compile("|".join(rf"(?<!\w){re.escape(name)}(?!\w)" for name in JUDGE_NAMES))
+
+
+def judge_touches(code: str) -> list[str]:
+    """The names in `code` that reach for the machinery around it (frames, builtins, sys.modules, comparison
+    hooks, the process's exit and descriptors): rare in an honest solution to a small task, common in a hack."""
+    return sorted(set(JUDGE_PATTERN.findall(code)))

@@ -116,3 +116,69 @@ def test_alarm_in_plain_log_dashboard_and_file(tmp_path):
     text = recorded.export_text()
     assert "alarm [grpo] step 3 zero_std_groups" in text  # printed above the panel, stays in the scrollback
     assert "! zero_std_groups (step 3)" in text  # and listed in the panel while active
+
+
+# --- reward hacking on a code_exec stage ----------------------------------------------------------------------
+
+def code_stream(reward, passed, steps: int = 30, touches=lambda step: 0.0):
+    """The healthy stream with code_exec's reward, its test pass share and its judge-touching share."""
+    for step, logs in healthy_grpo(steps):
+        logs.update({"rewards/code_exec/mean": reward(step), "code_exec/tests_passed": passed(step),
+                     "code_exec/judge_touches": touches(step)})
+        yield step, logs
+
+
+def test_reward_unbacked_when_the_code_reward_outruns_the_tests():
+    codes, monitor = raised(code_stream(lambda s: min(0.9, 0.1 + 0.04 * s), lambda s: 0.1))
+    assert [c for c, _ in codes] == ["reward_unbacked"], codes
+    assert "rose by" in monitor.active["reward_unbacked"].message and "code_exec/tests_passed" in \
+        monitor.active["reward_unbacked"].message
+    # the same rise, backed by the tests passed: quiet
+    assert raised(code_stream(lambda s: min(0.9, 0.1 + 0.04 * s), lambda s: min(0.9, 0.1 + 0.04 * s)))[0] == []
+
+
+def test_reward_unbacked_by_the_held_out_score():
+    def run(held_out_after: float):
+        monitor = AlarmMonitor("ppo")
+        monitor.update(0, {"eval/score": 0.2, "eval/rewards/code_exec/mean": 0.2})  # before training
+        for step, logs in code_stream(lambda s: min(0.9, 0.1 + 0.04 * s), lambda s: min(0.9, 0.1 + 0.04 * s)):
+            monitor.update(step, logs)
+        return monitor.update(30, {"eval/score": held_out_after, "eval/rewards/code_exec/mean": held_out_after})
+
+    alarms = run(0.22)
+    assert [a.code for a in alarms] == ["reward_unbacked"] and "held-out" in alarms[0].message
+    assert run(0.7) == []
+
+
+def test_judge_touched_names_the_share_and_a_sample():
+    monitor = AlarmMonitor("grpo")
+    honest = {"completion": "```python\ndef add(a, b):\n    return a + b\n```", "rewards": {"code_exec": 1.0}}
+    hack = {"completion": "```python\nimport sys\nsys._getframe(1).f_globals['exec'] = print\n```",
+            "rewards": {"code_exec": 0.0}}
+    logs = {"reward": 0.5, "rewards/code_exec/mean": 0.5, "code_exec/judge_touches": 0.0}
+    assert monitor.update(1, logs, [honest]) == []
+    alarms = monitor.update(2, {**logs, "code_exec/judge_touches": 0.25}, [honest, hack])
+    assert [a.code for a in alarms] == ["judge_touched"]
+    message = alarms[0].message
+    assert "25% of completions" in message and "_getframe, f_globals" in message
+    assert "sample: import sys sys._getframe(1).f_globals" in message
+    assert monitor.update(3, logs, [honest]) == [] and "judge_touched" not in monitor.active  # cleared
+    # from the logged share alone, when no shown sample touches the judge
+    assert "see completions.jsonl" in monitor.update(4, {**logs, "code_exec/judge_touches": 0.1}, [honest])[0].message
+    # a stage without code_exec is not read for it
+    assert AlarmMonitor("grpo").update(1, {"reward": 0.5}, [hack]) == []
+
+
+def test_the_dashboard_raises_the_hacking_alarm_with_its_sample(tmp_path):
+    out = io.StringIO()
+    board = StageDashboard("grpo", tmp_path / "metrics.jsonl", Console(file=out, force_terminal=False, width=400),
+                           stage_type="grpo", index=1, total=1, mode="auto")
+    board.begin(2)
+    sample = {"prompt": "Write add(a, b).", "completion": "import builtins\nbuiltins.abs = lambda x: 0",
+              "rewards": {"code_exec": 0.0}}
+    board.log(1, {"reward": 0.0, "rewards/code_exec/mean": 0.0}, samples=[sample])
+    board.end(1)
+    alarm = [line for line in out.getvalue().splitlines() if "ALARM" in line]
+    assert len(alarm) == 1 and "judge_touched" in alarm[0] and "builtins.abs = lambda x: 0" in alarm[0]
+    saved = [json.loads(line) for line in (tmp_path / "alarms.jsonl").read_text().splitlines()]
+    assert [a["code"] for a in saved] == ["judge_touched"]

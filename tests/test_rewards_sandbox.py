@@ -1,6 +1,7 @@
 """The code-execution sandbox against an infinite loop, a sleep, a memory hog, a fork (bomb), writing outside its
 directory and a network attempt, each contained within its time limit; with the audit hook and, where this
-machine allows, with the OS layers alone (audit=False)."""
+machine allows, with the OS layers alone (audit=False). And run_snippet, the sandbox for tools: output, traceback,
+exit status. (Its judging, against code that games it: tests/test_rewards_hacks.py.)"""
 
 from __future__ import annotations
 
@@ -17,13 +18,15 @@ from helpers import run_cli
 
 from rewards.builtin import code_exec
 from rewards.guard import RewardStats, guard_reward
+from rewards.isolation import isolation
+from rewards.judge import parse_tests
 from rewards.registry import LoadedReward
-from rewards.sandbox import STARTUP_ALLOWANCE, SandboxLimits, isolation, normalize_tests, run_tests
+from rewards.sandbox import STARTUP_ALLOWANCE, SandboxLimits, run_snippet, run_tests
 
 LIMIT = 1.0
 WITH_HOOK = SandboxLimits(time_limit=LIMIT, memory_mb=256)
 OS_ONLY = SandboxLimits(time_limit=LIMIT, memory_mb=256, audit=False)
-PASSES = normalize_tests(["assert True"])
+PASSES = parse_tests(["assert True"])
 
 
 @pytest.fixture(autouse=True)
@@ -59,9 +62,43 @@ def sandbox_processes() -> list[str]:
 
 
 def test_passing_and_failing_code():
-    assert run_tests("def f(x): return x + 1", normalize_tests(["assert f(1) == 2"]), WITH_HOOK).status == "passed"
-    result = run_tests("def f(x): return x", normalize_tests(["assert f(1) == 2", "assert f(0) == 0"]), WITH_HOOK)
+    assert run_tests("def f(x): return x + 1", parse_tests(["assert f(1) == 2"]), WITH_HOOK).status == "passed"
+    result = run_tests("def f(x): return x", parse_tests(["assert f(1) == 2", "assert f(0) == 0"]), WITH_HOOK)
     assert (result.status, result.passed, result.total, result.score()) == ("failed", 1, 2, 0.5)
+
+
+def test_run_snippet_returns_output_traceback_and_status():
+    ok = run_snippet("import sys\nprint(sum(map(int, sys.stdin.read().split())))", stdin="2 3\n", limits=WITH_HOOK)
+    assert (ok.status, ok.stdout, ok.stderr, ok.exit_status) == ("ok", "5\n", "", 0)
+    failed = run_snippet("def f():\n    return 1 / 0\nprint('before')\nf()", limits=WITH_HOOK)
+    assert (failed.status, failed.stdout, failed.exit_status) == ("error", "before\n", 1)
+    assert failed.stderr.startswith("Traceback") and 'File "<completion>", line 2, in f' in failed.stderr
+    assert failed.stderr.rstrip().endswith("ZeroDivisionError: division by zero")
+    assert "sandbox_harness" not in failed.stderr  # the harness's own frames are left out
+    assert (run_snippet("raise SystemExit(3)").status, run_snippet("raise SystemExit(3)").exit_status) == ("error", 3)
+    syntax = run_snippet("def f(:\n    pass")
+    assert syntax.status == "error" and "SyntaxError" in syntax.stderr
+    refused = run_snippet("import os\nos.system('true')", limits=WITH_HOOK)
+    assert refused.status == "error" and "os.system is not allowed" in refused.stderr
+
+
+def test_a_program_that_prints_too_much_fails_without_waiting():
+    started = time.perf_counter()
+    result = run_tests("while True:\n    print('x' * 1000)", parse_tests([{"input": "", "output": "x"}]),
+                       SandboxLimits(time_limit=5.0))
+    assert result.score() == 0.0 and "printed more than it may" in result.detail
+    assert time.perf_counter() - started < 3.0  # stopped at the cap, not at the 5 s limit
+
+
+@pytest.mark.slow
+def test_a_hang_keeps_the_tests_passed_before_it_and_the_snippet_times_out():
+    code = "def f(x):\n    while x > 1:\n        pass\n    return x"
+    result = contained(code, tests=parse_tests(["assert f(1) == 1", "assert f(2) == 2", "assert f(0) == 0"]))
+    assert (result.status, result.verdicts, result.score()) == ("timeout", [True, False, False], 1 / 3)
+    started = time.perf_counter()
+    hang = run_snippet("print('started', flush=True)\nwhile True:\n    pass", limits=WITH_HOOK)
+    assert (hang.status, hang.stdout, hang.exit_status) == ("timeout", "started\n", None)
+    assert time.perf_counter() - started < LIMIT + STARTUP_ALLOWANCE + 0.5
 
 
 @pytest.mark.parametrize("code", ["while True:\n    pass", "import time\ntime.sleep(60)",

@@ -90,14 +90,14 @@ def load_eval_rewards(specs: Any, base_dir, where: str, run_dir=None):
 
 
 def check_eval_rows(rows: list[dict[str, Any]], rewards, where: str, path: str) -> None:
-    from rewards.registry import check_columns
+    from rewards.registry import check_data
 
     require_columns(rows, [["prompt"]], where, path)
     if "answer" not in rows[0] and not rewards:
         raise KitError(f"{where}: nothing to score: '{path}' has no 'answer' column and the stage lists no "
                        f"rewards; add an answer column (map yours with columns: {{your_column: answer}}) or "
                        f"rewards: [...]")
-    check_columns(rewards, rows[0].keys(), where, f"'{path}'")
+    check_data(rewards, rows, where, f"'{path}'")
 
 
 def load_rows(ctx: StageContext, rewards) -> list[dict[str, Any]]:

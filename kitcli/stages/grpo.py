@@ -63,6 +63,7 @@ from kitcli.progress import attach_progress, make_reward_metrics_callback, read_
 from kitcli.schema import RESERVED_TRAIN, RewardedSection, StageSpec
 from kitcli.trainers import trainer_summary
 from kitcli.trl_config import COMMON_DEFAULTS, build_config, config_dict, config_summary
+from rewards.registry import check_data
 
 # SAPO's temperatures and VESPO's Gamma weights (their papers' values, as TRL 1.15 has them): every GRPO / GSPO stage
 # sets them (only sapo / vespo read them), and the two presets name them.
@@ -238,7 +239,7 @@ def reward_weights(ctx: StageContext, rewards) -> list[float]:
     return weights
 
 
-def load_rows(ctx: StageContext) -> list[dict[str, Any]]:
+def load_rows(ctx: StageContext, rewards=()) -> list[dict[str, Any]]:
     spec = ctx.stage["data"]
     method = ctx.stage["type"].upper()
     rows = read_rows(spec, ctx.where)
@@ -253,6 +254,7 @@ def load_rows(ctx: StageContext) -> list[dict[str, Any]]:
         if row["prompt"] in (None, "", []):
             raise KitError(f"{ctx.where}: row {index} of '{spec['path']}' has an empty prompt; every {method} row "
                            f"needs a prompt (a string or a list of messages)")
+    check_data(rewards, rows, ctx.where, f"'{spec['path']}'")  # the columns and rows the rewards need
     system = ctx.stage.get("system_prompt")
     return [{**row, "prompt": with_system_prompt(row["prompt"], system)} for row in rows]
 
@@ -314,8 +316,9 @@ def describe_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, A
 
     prepare_backend(choose_backend(ctx.model["backend"]))
     spec = ctx.stage["data"]
-    rows: Any = len(load_rows(ctx)) if Path(spec["path"]).is_file() else "hub dataset, read when the stage runs"
     rewards = load_reward_functions(ctx)
+    rows: Any = (len(load_rows(ctx, rewards)) if Path(spec["path"]).is_file()
+                 else "hub dataset, read when the stage runs")
     defaults = resolved_defaults(ctx, preset, rewards, kind)
     config = make_config(ctx, defaults, kind)
     if isinstance(rows, int):
@@ -354,8 +357,8 @@ def build_trainer(ctx: StageContext, preset: dict[str, Any], config=None, kind: 
     from kitcli.trainers import build_trainer as build
     from rewards.guard import RewardStats, guard_rewards
 
-    rows = load_rows(ctx)
     rewards = load_reward_functions(ctx)
+    rows = load_rows(ctx, rewards)
     config = config or make_config(ctx, resolved_defaults(ctx, preset, rewards, kind), kind)
     check_enough_prompts(ctx, len(rows), config)
     loaded = load_stage_policy(ctx.model, lora=ctx.recipe.data["lora"], seed=ctx.seed, init_from=ctx.init_dir,

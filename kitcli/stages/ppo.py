@@ -85,8 +85,10 @@ def load_rows(ctx: StageContext, key: str = "data") -> list[dict[str, Any]]:
 
 def check_rows(ctx: StageContext, rewards, rows: list[dict[str, Any]], config: PPOConfig, key: str = "data") -> None:
     from kitcli.ppo.rollout import check_reward_columns
+    from rewards.registry import check_data
 
     check_reward_columns(rewards, rows, ctx.where, ctx.stage[key]["path"])
+    check_data(rewards, rows, ctx.where, f"'{ctx.stage[key]['path']}'")
     if key == "data" and len(rows) < config.per_device_train_batch_size:
         raise KitError(f"{ctx.where}: data has {len(rows)} prompts, fewer than train.per_device_train_batch_size "
                        f"{config.per_device_train_batch_size}; lower it or give more prompts")
