@@ -294,8 +294,10 @@ def last_line(data: bytes) -> str:
 def summarize(verdicts: list[bool], runs: list[Finished], problems: list[str], seconds: float) -> SandboxResult:
     """How the sandbox ended (for the logs; the score comes from the verdicts alone)."""
     seconds = round(seconds, 3)
-    if any(r.timed_out for r in runs) or any(r.signal_name() == "SIGXCPU" for r in runs):
-        return SandboxResult("timeout", verdicts, seconds, "wall-clock limit reached")
+    cpu_spent = any(r.signal_name() == "SIGXCPU" or -signal.SIGXCPU in (x.get("exit") for x in r.reports)
+                    for r in runs)  # RLIMIT_CPU, in the sandbox process or a program's child
+    if any(r.timed_out for r in runs) or cpu_spent:
+        return SandboxResult("timeout", verdicts, seconds, "time limit reached (wall clock or CPU)")
     memory = next((r.report("memory") for r in runs if r.report("memory")), None)
     if memory:
         return SandboxResult("memory", verdicts, seconds, memory)
@@ -345,8 +347,10 @@ def run_snippet(code: str, stdin: str = "", limits: SandboxLimits = SandboxLimit
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     status_code = run.exit_status(0)
-    status = ("timeout" if run.timed_out else "error" if run.report("error") else "crashed" if status_code is None
-              else "ok" if status_code == 0 else "crashed" if status_code < 0 else "error")
+    # RLIMIT_CPU can fire before the wall clock on a quiet machine, in the sandbox process or the program's child
+    cpu_spent = run.signal_name() == "SIGXCPU" or status_code == -signal.SIGXCPU
+    status = ("timeout" if run.timed_out or cpu_spent else "error" if run.report("error")
+              else "crashed" if status_code is None or status_code < 0 else "ok" if status_code == 0 else "error")
     if status == "error" and "MemoryError" in last_line(run.stderr):
         status = "memory"
     return SnippetResult(status, run.outputs[0].decode("utf-8", "replace"), run.stderr.decode("utf-8", "replace"),

@@ -207,3 +207,15 @@ def test_sandbox_command_says_which_limits_hold():
     output = run_cli("rewards", "sandbox").output
     for name in ("time", "memory", "network", "processes", "files"):
         assert name in output
+
+
+def test_the_cpu_limit_firing_before_the_wall_clock_is_a_timeout():
+    """On a quiet machine RLIMIT_CPU (SIGXCPU) can end a busy loop before the wall-clock kill; the code lowers its own
+    CPU limit (audit hook off, which would refuse setrlimit) so the CPU limit fires first here on any machine."""
+    code = ("import resource\nresource.setrlimit(resource.RLIMIT_CPU, (1, 2))\n"
+            "print('started', flush=True)\nwhile 1: pass")
+    limits = SandboxLimits(time_limit=5.0, audit=False)
+    snippet = run_snippet(code, limits=limits)
+    assert (snippet.status, snippet.stdout, snippet.exit_status) == ("timeout", "started\n", None)
+    result = run_tests(code, parse_tests([{"input": "", "output": "started"}]), limits)
+    assert (result.status, result.verdicts) == ("timeout", [False])
