@@ -38,7 +38,7 @@ def build_model(directory: Path, shape: dict) -> None:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from kitcli.tiny import build_tokenizer
+    from kitcli.models.tiny import build_tokenizer
 
     tokenizer = build_tokenizer()
     config = Qwen3Config(**{"vocab_size": len(tokenizer), **shape}, eos_token_id=tokenizer.eos_token_id,

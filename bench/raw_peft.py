@@ -36,7 +36,7 @@ def main() -> None:
     on_gpu = torch.cuda.is_available()
     if not on_gpu:  # TRL 1.15 computes log-probs with a CUDA-only Triton kernel; on a CPU use the kit's torch version
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-        from kitcli.backend import route_trl_fused_head_off_gpu
+        from kitcli.models.backend import route_trl_fused_head_off_gpu
 
         route_trl_fused_head_off_gpu()
     dtype = torch.bfloat16 if on_gpu else torch.float32

@@ -20,7 +20,7 @@ from unsloth import FastLanguageModel
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kitcli.tiny import ensure_tiny_model  # noqa: E402  (only to find the cached tiny model directory)
+from kitcli.models.tiny import ensure_tiny_model  # noqa: E402  (only to find the cached tiny model directory)
 
 DATA = ROOT / "examples" / "data"
 LORA = dict(r=16, lora_alpha=32, lora_dropout=0.0,

@@ -47,7 +47,7 @@ def reward_model_dir(root: Path) -> Path:
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from kitcli.tiny import ensure_tiny_model
+    from kitcli.models.tiny import ensure_tiny_model
 
     tiny = ensure_tiny_model(seed=0)
     torch.manual_seed(0)

@@ -32,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kitcli.report import eval_metric_keys, metric_label  # noqa: E402  (after the path is set)
+from kitcli.display.report import eval_metric_keys, metric_label  # noqa: E402  (after the path is set)
 
 
 def tiny_recipes() -> list[str]:

@@ -64,7 +64,7 @@ def build_tokenizer(vocab_size: int):
     vocab.update({f"t{i}": i for i in range(len(SPECIALS), vocab_size)})
     core = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
-    from kitcli.tiny import CHAT_TEMPLATE
+    from kitcli.models.tiny import CHAT_TEMPLATE
 
     return PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    additional_special_tokens=["<|im_start|>"], chat_template=CHAT_TEMPLATE)
@@ -139,8 +139,8 @@ def raw_side(stage: str, model_dir: Path, data: Path, config: Path, out: Path, f
 
 
 def planned_peak(recipe_path: Path) -> float:
-    from kitcli.plan import plan_recipe
-    from kitcli.recipe import load_recipe
+    from kitcli.commands.plan import plan_recipe
+    from kitcli.recipe.load import load_recipe
 
     plan = plan_recipe(load_recipe(str(recipe_path)), gpu_bytes=None, config_path=None, backend="unsloth")
     return plan["stages"][0]["peak_gib"]

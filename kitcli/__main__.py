@@ -1,3 +1,3 @@
-from kitcli.cli import main
+from kitcli.commands.cli import main
 
 main()

@@ -2,8 +2,8 @@
 
     runs/<name>-<timestamp>/
       recipe.lock.yaml        the resolved recipe, package versions, seed, dataset fingerprints
-      report.md, plots/       the run report (kitcli/report.py)
-      libraries.log           what torch, Unsloth, TRL ... printed (kept off the screen: kitcli/quiet.py)
+      report.md, plots/       the run report (kitcli/display/report.py)
+      libraries.log           what torch, Unsloth, TRL ... printed (kept off the screen: kitcli/libraries.py)
       <stage>/
         config.json           the stage's effective trainer config
         metrics.jsonl         one JSON object per logging step; alarms.jsonl, completions.jsonl beside it

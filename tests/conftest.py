@@ -72,14 +72,14 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(params=FAMILIES)
 def trainer_family(request, monkeypatch) -> str:
     """Run the test once with TRL's own trainers and once with Unsloth's generated ones (what a GPU runs), forced
-    on the CPU through KIT_TRAINERS (kitcli/trainers.py)."""
+    on the CPU through KIT_TRAINERS (kitcli/training/trainers.py)."""
     monkeypatch.setenv("KIT_TRAINERS", request.param)
     return request.param
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    from kitcli.tiny import ensure_tiny_model
+    from kitcli.models.tiny import ensure_tiny_model
 
     return ensure_tiny_model(seed=0)
 

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from click.testing import CliRunner
 
-from kitcli.cli import main
+from kitcli.commands.cli import main
 
 DATA = Path(__file__).resolve().parent.parent / "examples" / "data"
 TINY_MODEL = {"name": "tiny", "max_seq_length": 128, "load_in_4bit": True, "dtype": "float32"}
@@ -71,8 +71,8 @@ def stage_context(recipe_path: Path, stage_name: str, run_dir: Path, outputs: di
     directories, by default those in `run_dir`)."""
     from rich.console import Console
 
-    from kitcli.context import StageContext
-    from kitcli.recipe import load_recipe
+    from kitcli.recipe.load import load_recipe
+    from kitcli.recipe.stage_context import StageContext
 
     recipe = load_recipe(str(recipe_path))
     if outputs is None:

@@ -11,8 +11,8 @@ import random
 import pytest
 from rich.console import Console
 
-from kitcli.alarms import AlarmMonitor
-from kitcli.dashboard import StageDashboard
+from kitcli.display.alarms import AlarmMonitor
+from kitcli.display.dashboard import StageDashboard
 
 
 def healthy_grpo(steps: int = 40, seed: int = 0):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kitcli.backend import load_policy, save_model
+from kitcli.models.backend import load_policy, save_model
 
 LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj"]}
 

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from kitcli import tiny
-from kitcli.backend import choose_backend, load_policy
+from kitcli.models import tiny
+from kitcli.models.backend import choose_backend, load_policy
 
 LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
 

@@ -14,8 +14,8 @@ from helpers import DATA, done, metrics, run_cli, write_recipe
 from rich.console import Console
 from safetensors.torch import load_file
 
-from kitcli.context import StageContext
-from kitcli.recipe import load_recipe
+from kitcli.recipe.load import load_recipe
+from kitcli.recipe.stage_context import StageContext
 
 PROMPTS = str(DATA / "arithmetic_prompts.jsonl")
 PREFS = str(DATA / "arithmetic_prefs.jsonl")

@@ -9,8 +9,8 @@ import yaml
 from click.testing import CliRunner
 from helpers import run_cli
 
-from kitcli.chat import resolve_policy_stage
-from kitcli.cli import main
+from kitcli.commands.chat import resolve_policy_stage
+from kitcli.commands.cli import main
 from kitcli.errors import KitError
 
 QUESTION = "Ada has 3 apples and gets 5 more. How many apples does Ada have?"
@@ -32,7 +32,7 @@ def test_chat_streams_turns_resets_and_exits_without_a_tty(trained_run):
 
 
 def test_chat_keeps_the_conversation_through_the_chat_template(trained_run, monkeypatch):
-    from kitcli import chat as chat_module
+    from kitcli.commands import chat as chat_module
 
     seen = []
     original = chat_module.chat_prompt

@@ -10,7 +10,7 @@ import click
 import pytest
 from helpers import run_cli
 
-from kitcli.cli import main
+from kitcli.commands.cli import main
 
 HEAVY = ("torch", "transformers", "trl", "unsloth", "peft", "datasets")
 
@@ -29,7 +29,7 @@ def all_commands(group: click.Group, prefix=()):
 ], ids=["help", "recipes-list", "rewards-list"])
 def test_commands_that_do_not_train_import_no_heavy_module(argv, expected):
     code = ("import sys, json\n"
-            "from kitcli.cli import main\n"
+            "from kitcli.commands.cli import main\n"
             f"try:\n    main({argv!r}, prog_name='kit')\nexcept SystemExit:\n    pass\n"
             f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -12,8 +12,8 @@ import pytest
 from helpers import DATA, run_cli, write_recipe
 from rich.console import Console
 
-from kitcli.dashboard import StageDashboard, trend_line
-from kitcli.progress import make_progress_callback, samples_from_trainer
+from kitcli.display.dashboard import StageDashboard, trend_line
+from kitcli.training.progress import make_progress_callback, samples_from_trainer
 
 STREAMS = {
     "sft": ({"loss": 2.5, "mean_token_accuracy": 0.41, "learning_rate": 1e-3, "grad_norm": 1.0},

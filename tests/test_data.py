@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kitcli.data import fingerprint, read_rows, require_columns
+from kitcli.data.rows import fingerprint, read_rows, require_columns
 from kitcli.errors import KitError
 
 ROWS = [{"question": "1+1=", "answer": "2"}, {"question": "2+2=", "answer": "4"}]

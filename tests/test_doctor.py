@@ -6,7 +6,7 @@ import json
 
 from helpers import run_cli
 
-from kitcli import doctor
+from kitcli.commands import doctor
 
 EXPECTED = {"python", "torch", "cuda devices", "bf16", "bitsandbytes 4-bit", "unsloth backend", "vllm", "trl",
             "transformers", "peft", "unsloth", "datasets", "hub offline mode"}

@@ -60,8 +60,8 @@ def test_dpo_trains_from_sft_logs_reward_metrics_and_saves(sft_dpo_run, tiny_mod
     assert dpo_weights.keys() == sft_weights.keys()
     assert all(not torch.equal(dpo_weights[k], sft_weights[k]) for k in dpo_weights)  # every tensor trained
 
-    from kitcli.backend import load_policy
-    from kitcli.evaluate import generate
+    from kitcli.models.backend import load_policy
+    from kitcli.models.generate import generate
 
     reloaded = load_policy("tiny", max_seq_length=TINY_MODEL["max_seq_length"], load_in_4bit=True, lora=None,
                            dtype="float32", init_from=run_dir / "dpo", trainable=False, log=lambda _: None)
@@ -76,7 +76,7 @@ def test_dpo_trains_from_sft_logs_reward_metrics_and_saves(sft_dpo_run, tiny_mod
 
 
 def test_dpo_reference_is_the_sft_model_not_the_base(sft_dpo_run):
-    from kitcli.backend import load_policy
+    from kitcli.models.backend import load_policy
     from kitcli.stages import dpo
 
     recipe, run_dir, _ = sft_dpo_run

@@ -10,7 +10,7 @@ from xml.etree import ElementTree
 import pytest
 from helpers import DATA, done, metrics, run_cli, write_recipe
 
-from kitcli.report import load_run
+from kitcli.display.report import load_run
 from kitcli.stages.eval import ks_for, pass_at_k
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -153,7 +153,7 @@ def test_kit_eval_and_report_errors(run_dir, tmp_path):
 def test_svg_figures_are_valid_for_awkward_data():
     """One point, a constant series, a NaN, a label with markup characters, negative bars: still one well-formed SVG
     whose drawn points stay inside their panel."""
-    from kitcli.svgplot import PANEL_H, PANEL_W, Panel, Series, bar_figure, line_figure
+    from kitcli.display.svgplot import PANEL_H, PANEL_W, Panel, Series, bar_figure, line_figure
 
     panels = [Panel("one point", "loss", [Series("loss", [3], [0.5])]),
               Panel("flat & <odd>", "kl", [Series("a<b", [1, 2, 3], [0.0, 0.0, 0.0]),

@@ -9,8 +9,8 @@ import json
 import torch
 from helpers import DATA, run_cli, snapshot, write_recipe
 
-from kitcli.evaluate import generate
-from kitcli.tiny import file_sha256
+from kitcli.models.generate import generate
+from kitcli.models.tiny import file_sha256
 
 PROMPTS = [[{"role": "user", "content": "Ada has 3 apples and gets 5 more. How many apples does Ada have?"}],
            [{"role": "user", "content": "Bo has 7 cups and gets 2 more. How many cups does Bo have?"}],
@@ -140,7 +140,7 @@ def test_the_report_redraws_only_the_plots_whose_stage_changed(trained_run, tmp_
     import shutil
     import time
 
-    from kitcli.report import write_report
+    from kitcli.display.report import write_report
 
     run = tmp_path / "run"
     shutil.copytree(trained_run, run)

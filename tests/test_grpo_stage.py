@@ -78,8 +78,8 @@ def test_grpo_config_records_the_preset_and_reward_weights(trained):
 
 
 def test_grpo_adapter_reloads_and_generates(trained):
-    from kitcli.backend import load_policy
-    from kitcli.evaluate import generate
+    from kitcli.models.backend import load_policy
+    from kitcli.models.generate import generate
 
     loaded = load_policy("tiny", max_seq_length=128, load_in_4bit=True, lora=None, dtype="float32",
                          init_from=trained / "grpo", trainable=False, log=lambda _: None)

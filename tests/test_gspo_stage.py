@@ -71,7 +71,7 @@ def test_gspo_trains_with_the_paper_settings(trained):
 
 
 def test_gspo_adapter_reloads(trained):
-    from kitcli.backend import load_policy
+    from kitcli.models.backend import load_policy
 
     loaded = load_policy("tiny", max_seq_length=128, load_in_4bit=True, lora=None, dtype="float32",
                          init_from=trained / "gspo", trainable=False, log=lambda _: None)
@@ -107,8 +107,8 @@ def test_the_on_policy_guard_counts_processes(tmp_path, monkeypatch):
     (on-policy), which the guard must refuse."""
     from rich.console import Console
 
-    from kitcli.context import StageContext
-    from kitcli.recipe import load_recipe
+    from kitcli.recipe.load import load_recipe
+    from kitcli.recipe.stage_context import StageContext
     from kitcli.stages import gspo
 
     (tmp_path / "length_reward.py").write_text(LENGTH_REWARD)

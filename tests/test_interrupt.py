@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kitcli.errors import KitError
-from kitcli.interrupt import check_free_disk
+from kitcli.training.interrupt import check_free_disk
 
 
 def test_disk_check_names_size_and_fix(tmp_path):

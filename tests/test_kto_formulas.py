@@ -51,7 +51,7 @@ def move_policy(model, size: float, seed: int) -> None:
 
 
 def base_model():
-    from kitcli.backend import load_policy
+    from kitcli.models.backend import load_policy
 
     return load_policy("tiny", max_seq_length=TINY_MODEL["max_seq_length"], load_in_4bit=True, lora=None,
                        dtype="float32", trainable=False, log=lambda _: None).model
@@ -114,7 +114,7 @@ def by_hand_without_z0(policy, reference, rows: list[dict]) -> float:
 def test_kto_reference_is_the_starting_policy_not_the_base(in_tmp, family):
     """With `init:`, the frozen reference holds the starting adapter: at the start of the stage every implied reward
     r = log pi - log pi_ref is 0, so every row's loss is weight * (1 - sigmoid(0)) = weight / 2."""
-    from kitcli.backend import load_policy, save_model
+    from kitcli.models.backend import load_policy, save_model
 
     init_dir = in_tmp / "run" / "sft"
     start = load_policy("tiny", max_seq_length=TINY_MODEL["max_seq_length"], load_in_4bit=True,

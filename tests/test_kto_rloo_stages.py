@@ -82,7 +82,7 @@ def test_rloo_trains_from_sft_with_kl_to_the_sft_model(sft_kto_rloo_run):
 
 
 def test_data_to_kto_writes_what_the_stage_reads(tmp_path):
-    from kitcli.data import read_file
+    from kitcli.data.rows import read_file
 
     out = tmp_path / "kto.jsonl"
     result = run_cli("data", "to-kto", DATA / "arithmetic_prefs.jsonl", "-o", out)

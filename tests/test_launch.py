@@ -9,7 +9,7 @@ import pytest
 from helpers import DATA, done, metrics, run_cli, write_recipe
 from safetensors.torch import load_file
 
-from kitcli import launch
+from kitcli.run import launch
 
 SFT = {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),
        "train": {"max_steps": 4, "per_device_train_batch_size": 8, "logging_steps": 2, "save_steps": 100,

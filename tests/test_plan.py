@@ -10,7 +10,7 @@ import types
 import pytest
 from helpers import DATA, run_cli, write_recipe
 
-from kitcli import plan
+from kitcli.commands import plan
 from kitcli.errors import KitError
 
 # Unsloth's context-length benchmark (unsloth.ai/docs/basics/unsloth-benchmarks): Llama 3.1 8B Instruct, 4-bit
@@ -86,7 +86,7 @@ SAMPLE_STAGES = {
 
 
 def fake_gpu_torch(monkeypatch):
-    """A `torch` whose GPU has bfloat16, so kitcli.trl_config.device_defaults(on_gpu=True) runs on this machine."""
+    """A `torch` whose GPU has bfloat16, so kitcli.training.trl_config.device_defaults(on_gpu=True) runs here."""
     torch = types.ModuleType("torch")
     torch.cuda = types.SimpleNamespace(is_available=lambda: True, is_bf16_supported=lambda: True)
     monkeypatch.setitem(sys.modules, "torch", torch)
@@ -94,16 +94,16 @@ def fake_gpu_torch(monkeypatch):
 
 def test_planner_gpu_device_defaults_are_the_kits(monkeypatch):
     from kitcli.plan.settings import GPU_DEVICE_DEFAULTS
-    from kitcli.trl_config import device_defaults
+    from kitcli.training.trl_config import device_defaults
 
     fake_gpu_torch(monkeypatch)
     assert device_defaults(on_gpu=True) == GPU_DEVICE_DEFAULTS
 
 
 def test_every_builtin_stage_type_has_a_sample():
-    from kitcli import registry
+    from kitcli.recipe import stage_types
 
-    assert set(SAMPLE_STAGES) == set(registry.BUILTIN)
+    assert set(SAMPLE_STAGES) == set(stage_types.BUILTIN)
 
 
 @pytest.mark.parametrize("stage_type, body", [(t, b) for t, bodies in SAMPLE_STAGES.items() for b in bodies],
@@ -112,16 +112,16 @@ def test_planner_defaults_follow_the_stage_defaults(in_tmp, monkeypatch, stage_t
     """plan's settings are the stage's own on a GPU: COMMON_DEFAULTS < device defaults < the stage type's defaults."""
     from rich.console import Console
 
-    from kitcli import registry
-    from kitcli.context import StageContext
-    from kitcli.recipe import load_recipe
-    from kitcli.trl_config import COMMON_DEFAULTS, device_defaults
+    from kitcli.recipe import stage_types
+    from kitcli.recipe.load import load_recipe
+    from kitcli.recipe.stage_context import StageContext
+    from kitcli.training.trl_config import COMMON_DEFAULTS, device_defaults
 
     path = write_recipe(in_tmp / "r.yaml", [{"name": "s", "type": stage_type, **body}])
     recipe = load_recipe(str(path))
     stage = recipe.stage("s")
     ctx = StageContext(recipe, stage, in_tmp / "run", Console(quiet=True), {})
-    spec = registry.spec(stage_type)
+    spec = stage_types.spec(stage_type)
     fake_gpu_torch(monkeypatch)
     own = spec.defaults(ctx, on_gpu=True) if spec.defaults else {}
     defaults = {**COMMON_DEFAULTS, **device_defaults(on_gpu=True), **own}
@@ -129,7 +129,7 @@ def test_planner_defaults_follow_the_stage_defaults(in_tmp, monkeypatch, stage_t
     settings = plan.stage_settings(recipe, stage, "unsloth")
 
     if spec.evaluates:
-        generation = registry.module(stage_type).generation_settings(ctx)
+        generation = stage_types.module(stage_type).generation_settings(ctx)
         assert settings.completion_len == generation["max_new_tokens"]
         assert settings.eval_batch_size == generation["batch_size"]
         assert settings.prompt_len == recipe.data["model"]["max_seq_length"]
@@ -152,7 +152,7 @@ def test_planner_defaults_follow_the_stage_defaults(in_tmp, monkeypatch, stage_t
     assert settings.gradient_accumulation_steps == defaults["gradient_accumulation_steps"]
     assert settings.beta == defaults.get("beta", 0.0)
     if stage_type == "grpo":
-        grpo = registry.module("grpo")
+        grpo = stage_types.module("grpo")
         assert settings.beta == grpo.VARIANTS[body.get("variant", grpo.DEFAULT_VARIANT)]["beta"]
     if spec.rl:
         assert settings.num_generations == defaults["num_generations"]
@@ -164,7 +164,7 @@ def test_planner_defaults_follow_the_stage_defaults(in_tmp, monkeypatch, stage_t
 def test_plan_imports_no_heavy_module():
     heavy = ("torch", "transformers", "trl", "unsloth", "peft", "datasets")
     code = ("import sys, json\n"
-            "from kitcli.cli import main\n"
+            "from kitcli.commands.cli import main\n"
             "for recipe in ('tiny-grpo', 'recipes/qwen3-4b-ppo.yaml'):\n"
             "    try:\n"
             "        main(['plan', recipe, '--gpu-memory', '24GB', '--json'], prog_name='kit')\n"

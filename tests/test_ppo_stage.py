@@ -103,8 +103,8 @@ def test_ppo_resumes_from_its_last_checkpoint(ppo_run, tmp_path):
 def stage_context(root: Path, recipe_path: Path, run_dir: Path):
     from rich.console import Console
 
-    from kitcli.context import StageContext
-    from kitcli.recipe import load_recipe
+    from kitcli.recipe.load import load_recipe
+    from kitcli.recipe.stage_context import StageContext
 
     recipe = load_recipe(str(recipe_path))
     outputs = {s["name"]: root / "run" / s["name"] for s in recipe.stages}

@@ -26,7 +26,7 @@ def family(trainer_family) -> str:
 
 
 def built_by(trainer, family: str) -> None:
-    from kitcli.trainers import is_unsloth_class
+    from kitcli.training.trainers import is_unsloth_class
 
     assert is_unsloth_class(type(trainer)) == (family == "unsloth"), type(trainer)
 
@@ -41,7 +41,7 @@ def completion_logprob(model, prompt_ids: list[int], completion_ids: list[int]) 
 
 
 def test_dpo_loss_is_the_reference_formula(in_tmp, family):
-    from kitcli.backend import load_policy
+    from kitcli.models.backend import load_policy
     from kitcli.stages import dpo
 
     beta = 0.3  # not the default, so the test sees that train.beta reaches the loss

@@ -8,7 +8,7 @@ import json
 from rich.console import Console
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from kitcli.progress import make_progress_callback
+from kitcli.training.progress import make_progress_callback
 
 
 def drive(console: Console, tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers import DATA, run_cli, snapshot, write_recipe
 
-from kitcli.recipe import apply_overrides, load_recipe, shipped_recipes
+from kitcli.recipe.load import apply_overrides, load_recipe, shipped_recipes
 
 SFT = {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"), "train": {"max_steps": 2}}
 

@@ -22,9 +22,9 @@ import pytest
 import yaml
 from helpers import DATA, run_cli, write_recipe
 
-from kitcli.config_fields import field_range
-from kitcli.recipe import parse_yaml, shipped_recipes
-from kitcli.registry import specs
+from kitcli.recipe.config_fields import field_range
+from kitcli.recipe.load import parse_yaml, shipped_recipes
+from kitcli.recipe.stage_types import specs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -181,7 +181,7 @@ def test_the_schema_flags_what_the_kit_refuses(schema, change):
 
 
 def test_validating_a_recipe_imports_nothing_heavy():
-    code = ("import sys, time\nfrom kitcli.recipe import load_recipe\nstarted = time.perf_counter()\n"
+    code = ("import sys, time\nfrom kitcli.recipe.load import load_recipe\nstarted = time.perf_counter()\n"
             "for name in ('tiny-ppo', 'tiny-grpo', 'qwen3-4b-grpo'):\n    load_recipe(name)\n"
             "print(time.perf_counter() - started)\n"
             "heavy = [m for m in ('torch', 'transformers', 'trl', 'peft', 'unsloth') if m in sys.modules]\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers import run_cli
 
-from kitcli.recipe import shipped_recipes
+from kitcli.recipe.load import shipped_recipes
 
 
 @pytest.mark.parametrize("name", sorted(shipped_recipes()))

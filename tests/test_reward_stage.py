@@ -77,7 +77,7 @@ def test_reward_stage_trains_logs_accuracy_and_saves_adapter_and_merged(sft_rm_r
 def test_merged_reward_model_ranks_chosen_above_rejected_more_often_than_before(sft_rm_run):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from kitcli.reward_models import load_reward_model
+    from kitcli.models.reward_models import load_reward_model
     from kitcli.stages.reward import train_eval_rows
 
     recipe, run_dir, _ = sft_rm_run
@@ -95,7 +95,7 @@ def test_merged_reward_model_ranks_chosen_above_rejected_more_often_than_before(
 
 
 def test_reward_model_starts_from_the_sft_adapter_weights(sft_rm_run):
-    from kitcli.reward_models import load_reward_model
+    from kitcli.models.reward_models import load_reward_model
 
     _, run_dir, _ = sft_rm_run
     loaded = load_reward_model("tiny", max_seq_length=128, load_in_4bit=True, lora=None, dtype="float32",

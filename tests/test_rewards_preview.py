@@ -20,7 +20,7 @@ def run_dir(tmp_path_factory, tiny_model_dir) -> Path:
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from kitcli.backend import load_policy, save_model
+    from kitcli.models.backend import load_policy, save_model
 
     run = tmp_path_factory.mktemp("run")
     policy = load_policy("tiny", max_seq_length=128, load_in_4bit=False, lora=SMALL_LORA, dtype="float32", seed=0,

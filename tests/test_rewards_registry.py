@@ -14,7 +14,7 @@ import pytest
 from helpers import DATA, TINY_MODEL, run_cli, write_recipe
 
 from kitcli.errors import KitError
-from kitcli.recipe import load_recipe
+from kitcli.recipe.load import load_recipe
 from rewards.registry import check_columns, entry_points, known_rewards, load_reward, load_rewards, required_columns
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -263,8 +263,9 @@ def test_the_example_file_runs_and_its_rewards_load():
 
 
 def test_reward_modules_import_nothing_heavy():
-    code = ("import sys, kitcli.cli, kitcli.rewards_cli, rewards.builtin, rewards.registry, rewards.guard, "
-            "rewards.check, rewards.sandbox, kitcli.preview, rewards.reward_model, rewards.text\n"
+    code = ("import sys, kitcli.commands.cli, kitcli.commands.rewards, rewards.builtin, rewards.registry, "
+            "rewards.guard, rewards.check, rewards.sandbox, kitcli.commands.rewards_preview, rewards.reward_model, "
+            "rewards.text\n"
             "heavy = [m for m in ('torch', 'transformers', 'trl', 'math_verify', 'sympy', 'unsloth') "
             "if m in sys.modules]\nassert not heavy, heavy")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)

@@ -20,10 +20,10 @@ import torch
 from helpers import DATA, forward_precision, precision_scale, write_recipe
 from rich.console import Console
 
-from kitcli.context import StageContext
-from kitcli.recipe import load_recipe
+from kitcli.recipe.load import load_recipe
+from kitcli.recipe.stage_context import StageContext
 from kitcli.stages import grpo, gspo
-from kitcli.trainers import is_unsloth_class
+from kitcli.training.trainers import is_unsloth_class
 
 pytestmark = pytest.mark.slow  # every test here builds or trains a model
 

@@ -18,7 +18,7 @@ from helpers import DATA, stage_context, write_recipe
 from test_rl_formulas import GROUPS, SCORES, TEMPERATURE, G, assert_same, clipped, loss_and_grads, policy_logps
 
 from kitcli.stages import grpo, rloo
-from kitcli.trainers import is_unsloth_class
+from kitcli.training.trainers import is_unsloth_class
 
 
 @pytest.fixture(autouse=True)

@@ -18,9 +18,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from kitcli.data import read_rows
-from kitcli.dashboard import StageDashboard
-from kitcli.schema import DataSpec, StageSection, StageSpec
+from kitcli.data.rows import read_rows
+from kitcli.display.dashboard import StageDashboard
+from kitcli.recipe.schema import DataSpec, StageSection, StageSpec
 
 
 class CountSection(StageSection):
@@ -61,11 +61,11 @@ def plugin(tmp_path, monkeypatch):
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kit-count\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[kit.stages]\ncount = kit_count:SPEC\n")
     monkeypatch.syspath_prepend(str(site))
-    from kitcli import registry
+    from kitcli.recipe import stage_types
 
-    registry.specs.cache_clear()
+    stage_types.specs.cache_clear()
     yield
-    registry.specs.cache_clear()
+    stage_types.specs.cache_clear()
     sys.modules.pop("kit_count", None)
 
 

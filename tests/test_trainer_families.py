@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import yaml
 from helpers import DATA, TINY_MODEL, forward_precision, metrics, precision_scale, run_cli, stage_context, write_recipe
 
-from kitcli.trainers import is_unsloth_class
+from kitcli.training.trainers import is_unsloth_class
 
 pytestmark = pytest.mark.slow  # every test here builds or trains a model
 
@@ -62,7 +62,7 @@ def completion_logprob(model, prompt_ids: list[int], completion_ids: list[int]) 
 
 
 def test_dpo_reference_is_the_sft_model(trainer_family, sft_run, tmp_path):
-    from kitcli.backend import load_policy
+    from kitcli.models.backend import load_policy
     from kitcli.stages import dpo
 
     beta = 0.2

@@ -168,7 +168,7 @@ def download_config(repo_id: str) -> Path | None:
 
 
 def tiny_config() -> dict[str, Any]:
-    from kitcli.tiny import ASSETS, TINY_CONFIG, TOKENIZER_VOCAB_SIZE
+    from kitcli.models.tiny import ASSETS, TINY_CONFIG, TOKENIZER_VOCAB_SIZE
 
     built = ASSETS / "config.json"
     if built.exists():
@@ -182,7 +182,7 @@ def local_config(model_name: str) -> tuple[dict[str, Any], str] | None:
     None otherwise. Nothing is downloaded."""
     if model_name == "tiny":
         return tiny_config(), "embedded tiny model"
-    from kitcli import gguf
+    from kitcli.models import gguf
 
     source = gguf.source_file(model_name)
     if source is not None:

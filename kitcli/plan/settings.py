@@ -1,6 +1,6 @@
 """What a stage does, in the numbers that decide memory.
 
-`stage_settings` resolves a stage's settings the way the stage resolves them on a GPU (kitcli/trl_config.py's
+`stage_settings` resolves a stage's settings the way the stage resolves them on a GPU (kitcli/training/trl_config.py's
 `build_config`): its trainer config's own defaults < `COMMON_DEFAULTS` < the GPU's device defaults < the stage type's
 `defaults(ctx, on_gpu=True)` from the registry < the recipe's `train:`. What the stage type is (whether it generates
 completions, has a critic, trains on preference pairs, trains a score head or only evaluates) comes from its
@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2}
-# kitcli.trl_config.device_defaults(on_gpu=True) on a GPU with bfloat16, written out because `kit plan` imports no
-# torch (tests/test_plan.py checks that the two agree)
+# kitcli.training.trl_config.device_defaults(on_gpu=True) on a GPU with bfloat16, written out because `kit plan`
+# imports no torch (tests/test_plan.py checks that the two agree)
 GPU_DEVICE_DEFAULTS: dict[str, Any] = {"use_cpu": False, "bf16": True, "fp16": False, "optim": "adamw_8bit"}
 
 
@@ -66,9 +66,9 @@ class Settings:
 
     @property
     def spec(self):
-        from kitcli import registry
+        from kitcli.recipe import stage_types
 
-        return registry.spec(self.stage_type)
+        return stage_types.spec(self.stage_type)
 
     @property
     def rl(self) -> bool:
@@ -108,20 +108,20 @@ def config_defaults(spec) -> dict[str, Any]:
     the kit nor the recipe sets holds."""
     if spec.section.config is None:
         return {}
-    from kitcli.config_fields import MISSING, config_fields
+    from kitcli.recipe.config_fields import MISSING, config_fields
 
     return {name: f.default for name, f in config_fields(spec.section.config).items() if f.default is not MISSING}
 
 
 def stage_values(recipe, stage: dict[str, Any]) -> dict[str, Any]:
-    """The stage's config values as it builds them on a GPU (kitcli.trl_config.build_config's layers)."""
+    """The stage's config values as it builds them on a GPU (kitcli.training.trl_config.build_config's layers)."""
     from rich.console import Console
 
-    from kitcli import registry
-    from kitcli.context import StageContext
-    from kitcli.trl_config import COMMON_DEFAULTS
+    from kitcli.recipe import stage_types
+    from kitcli.recipe.stage_context import StageContext
+    from kitcli.training.trl_config import COMMON_DEFAULTS
 
-    spec = registry.spec(stage["type"])
+    spec = stage_types.spec(stage["type"])
     own = {}
     if spec.defaults is not None:  # they read only ctx.model, ctx.stage and the recipe
         ctx = StageContext(recipe, stage, Path("kit-plan-run"), Console(quiet=True))
@@ -131,10 +131,10 @@ def stage_values(recipe, stage: dict[str, Any]) -> dict[str, Any]:
 
 def stage_settings(recipe, stage: dict[str, Any], backend: str) -> Settings:
     """Settings as the stage will run them on a GPU (the values `kit run --dry-run` prints there)."""
-    from kitcli import registry
+    from kitcli.recipe import stage_types
 
     model, lora = recipe.data["model"], recipe.data.get("lora")
-    spec = registry.spec(stage["type"])
+    spec = stage_types.spec(stage["type"])
     seq = model["max_seq_length"]
     values = stage_values(recipe, stage)
     critic = has_critic(spec)
@@ -165,7 +165,7 @@ def stage_settings(recipe, stage: dict[str, Any], backend: str) -> Settings:
                            generation_batch_size=values.get("generation_batch_size"),
                            reward_model=stage.get("reward_model") is not None, critic=critic, **vllm)
     if spec.evaluates:
-        from kitcli.schema import GenerationSpec
+        from kitcli.recipe.schema import GenerationSpec
 
         generation = {**GenerationSpec().model_dump(), **(stage.get("generation") or {})}
         settings = replace(settings, prompt_len=seq, completion_len=int(generation["max_new_tokens"]),

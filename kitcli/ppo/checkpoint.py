@@ -3,7 +3,8 @@
 accelerate writes the optimizer, the scheduler, this process's RNG states and the registered KL controller; a
 save/load pre-hook writes and restores the two LoRA adapters and the value head in safetensors under PEFT's names
 (the base model is never prepared, so it is never saved); trainer_state.json is written last, and the folder is
-renamed into place only then (kitcli/checkpoints.py reads a checkpoint as finished when trainer_state.json exists).
+renamed into place only then (kitcli/training/checkpoints.py reads a checkpoint as finished when
+trainer_state.json exists).
 Imports no torch at module level: the stage's StageSpec reads CHECKPOINT_FILES.
 """
 
@@ -26,8 +27,8 @@ def register_checkpoint_state(accelerator, models, kl_ctl) -> None:
     controller of `models` (a kitcli.ppo.models.PPOModels)."""
     from safetensors.torch import load_file
 
-    from kitcli.checkpoints import load_into
     from kitcli.ppo.models import CRITIC, POLICY, adapter_state, save_safetensors
+    from kitcli.training.checkpoints import load_into
 
     adapters = {POLICY: POLICY_FILE, CRITIC: CRITIC_FILE}
 
@@ -68,9 +69,9 @@ def save_checkpoint(accelerator, checkpoint_dir: Path, step: int, keep: int) -> 
 
 def load_checkpoint(accelerator, checkpoint: Path) -> int:
     """Restore everything save_checkpoint wrote; returns the step it was written at. accelerate's .pkl files are
-    torch.save archives, which kitcli/checkpoints.py's whole-file check (by suffix) does not open: a cut one is
+    torch.save archives, which kitcli/training/checkpoints.py's whole-file check (by suffix) does not open: a cut one is
     refused here in one line."""
-    from kitcli.checkpoints import check_torch_file, way_out
+    from kitcli.training.checkpoints import check_torch_file, way_out
 
     for path in sorted(checkpoint.glob("*.pkl")):
         problem = check_torch_file(path)

@@ -1,6 +1,6 @@
 """PPOConfig: the settings of a PPO stage (the recipe's `train:` block), named as in TRL's (old) PPOConfig.
 
-Each field's type and range is checked for every stage by kitcli/config_fields.py (its RANGES and CHOICES) before
+Each field's type and range is checked for every stage by kitcli/recipe/config_fields.py (its RANGES and CHOICES) before
 anything loads; `__post_init__` keeps only the rules between fields.
 """
 
@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-# Set per device by the kit (kitcli/trl_config.py), not PPO defaults.
+# Set per device by the kit (kitcli/training/trl_config.py), not PPO defaults.
 DEVICE_KEYS = {"bf16", "fp16", "use_cpu", "optim", "output_dir", "seed", "data_seed"}
 
 

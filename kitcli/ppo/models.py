@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from kitcli.backend import cuda_available, four_bit
 from kitcli.errors import KitError
+from kitcli.models.backend import cuda_available, four_bit
 from kitcli.rundir import StageDir
 
 POLICY, REFERENCE, CRITIC, REWARD = "default", "reference", "critic", "reward"
@@ -122,7 +122,7 @@ def setup_models(model_spec: dict[str, Any], lora: dict[str, Any] | None, *, see
                  log: Callable[[str], None]) -> PPOModels:
     """Load the base once with the policy adapter (from `init_dir`, the stage `init_name`'s output, or fresh) and
     add the reference, critic and reward model around it."""
-    from kitcli.backend import load_stage_policy
+    from kitcli.models.backend import load_stage_policy
 
     loaded = load_stage_policy(model_spec, lora=lora, seed=seed, init_from=init_dir, log=log)
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -172,7 +172,7 @@ def setup_models(model_spec: dict[str, Any], lora: dict[str, Any] | None, *, see
 def load_reward_model(model, tokenizer, reward: RewardSource, model_spec: dict[str, Any], policy_quantized: bool,
                       where: str, log: Callable[[str], None]) -> tuple[RewardModel, str]:
     """The reward model as the frozen adapter `reward` on the shared base, or loaded beside it; and its layout line."""
-    from kitcli.reward_models import attach_reward_adapter, load_seq_cls_scorer
+    from kitcli.models.reward_models import attach_reward_adapter, load_seq_cls_scorer
 
     stage = StageDir(reward.stage_dir) if reward.stage_dir is not None else None
     if stage is not None and reward_shares_base(stage.path, policy_quantized, model_spec["load_in_4bit"]):

@@ -28,7 +28,7 @@ REWARD_ARGS = {"prompts", "completions", "completion_ids", "kwargs"}
 
 
 def prompt_texts(tokenizer, prompts: list[Any]) -> list[str]:
-    from kitcli.evaluate import prompt_text
+    from kitcli.models.generate import prompt_text
 
     return [prompt_text(tokenizer, p) for p in prompts]
 
@@ -207,7 +207,7 @@ def rollout_samples(rows, rollout: Rollout) -> list[dict[str, Any]]:
 
 def evaluate_held_out(models: PPOModels, rows, reward_fns, rewards, config: PPOConfig) -> dict[str, float]:
     """Greedy responses to the held-out prompts: mean score, and exact match where rows have an `answer`."""
-    from kitcli.evaluate import exact_match, generate
+    from kitcli.models.generate import exact_match, generate
 
     use_adapter(models, POLICY)
     completions = generate(models.model, models.tokenizer, [r["prompt"] for r in rows],

@@ -18,8 +18,7 @@ from typing import Any
 
 import torch
 
-from kitcli import interrupt
-from kitcli.dashboard import StageDashboard
+from kitcli.display.dashboard import StageDashboard
 from kitcli.ppo.checkpoint import load_checkpoint, register_checkpoint_state, save_checkpoint
 from kitcli.ppo.config import PPOConfig
 from kitcli.ppo.losses import (
@@ -34,7 +33,8 @@ from kitcli.ppo.losses import (
 )
 from kitcli.ppo.models import CRITIC, POLICY, PPOModels, policy_logprobs, response_values, use_adapter
 from kitcli.ppo.rollout import Rollout, evaluate_held_out, make_rollout, rollout_samples
-from kitcli.progress import read_metrics
+from kitcli.training import interrupt
+from kitcli.training.progress import read_metrics
 
 
 @contextlib.contextmanager

@@ -30,16 +30,16 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from kitcli import trainers
-from kitcli.backend import cuda_available, is_peft_model, load_stage_policy, save_model
-from kitcli.checkpoints import resume_checkpoint, train
-from kitcli.context import StageContext
-from kitcli.data import apply_system_prompt, to_dataset
+from kitcli.data.rows import apply_system_prompt, to_dataset
 from kitcli.errors import KitError
-from kitcli.progress import attach_progress, read_metrics
-from kitcli.schema import StageSpec
+from kitcli.models.backend import cuda_available, is_peft_model, load_stage_policy, save_model
+from kitcli.recipe.schema import StageSpec
+from kitcli.recipe.stage_context import StageContext
 from kitcli.stages.reward import PreferenceSection, describe_data, final_evaluation, has_eval, train_eval_rows
-from kitcli.trl_config import build_config, config_dict, config_summary
+from kitcli.training import trainers
+from kitcli.training.checkpoints import resume_checkpoint, train
+from kitcli.training.progress import attach_progress, read_metrics
+from kitcli.training.trl_config import build_config, config_dict, config_summary
 
 
 class DPOSection(PreferenceSection):
@@ -96,7 +96,7 @@ def make_config(ctx: StageContext):
 
 
 def describe(ctx: StageContext) -> dict[str, Any]:
-    from kitcli.backend import choose_backend, prepare_backend
+    from kitcli.models.backend import choose_backend, prepare_backend
 
     prepare_backend(choose_backend(ctx.model["backend"]))
     config = make_config(ctx)

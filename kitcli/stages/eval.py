@@ -29,12 +29,12 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from kitcli.backend import load_stage_policy
-from kitcli.context import StageContext
-from kitcli.data import apply_system_prompt, read_rows, require_columns
+from kitcli.data.rows import apply_system_prompt, read_rows, require_columns
 from kitcli.errors import KitError, did_you_mean
-from kitcli.evaluate import exact_match, generate
-from kitcli.schema import DataSpec, GenerationSpec, RewardSpec, StageSection, StageSpec, fail
+from kitcli.models.backend import load_stage_policy
+from kitcli.models.generate import exact_match, generate
+from kitcli.recipe.schema import DataSpec, GenerationSpec, RewardSpec, StageSection, StageSpec, fail
+from kitcli.recipe.stage_context import StageContext
 
 GENERATION_DEFAULTS = {name: field.default for name, field in GenerationSpec.model_fields.items()}
 

@@ -54,15 +54,15 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from kitcli import dist
-from kitcli.backend import cuda_available, load_stage_policy, save_model
-from kitcli.checkpoints import resume_checkpoint, train
-from kitcli.context import StageContext
-from kitcli.data import read_rows, to_dataset, with_system_prompt
+from kitcli.data.rows import read_rows, to_dataset, with_system_prompt
 from kitcli.errors import KitError
-from kitcli.progress import attach_progress, make_reward_metrics_callback, read_metrics
-from kitcli.schema import RESERVED_TRAIN, RewardedSection, StageSpec
-from kitcli.trainers import trainer_summary
-from kitcli.trl_config import COMMON_DEFAULTS, build_config, config_dict, config_summary
+from kitcli.models.backend import cuda_available, load_stage_policy, save_model
+from kitcli.recipe.schema import RESERVED_TRAIN, RewardedSection, StageSpec
+from kitcli.recipe.stage_context import StageContext
+from kitcli.training.checkpoints import resume_checkpoint, train
+from kitcli.training.progress import attach_progress, make_reward_metrics_callback, read_metrics
+from kitcli.training.trainers import trainer_summary
+from kitcli.training.trl_config import COMMON_DEFAULTS, build_config, config_dict, config_summary
 from rewards.registry import check_data
 
 # SAPO's temperatures and VESPO's Gamma weights (their papers' values, as TRL 1.15 has them): every GRPO / GSPO stage
@@ -147,8 +147,8 @@ def stage_defaults(ctx: StageContext, preset: dict[str, Any], on_gpu: bool | Non
     """base < preset, then the generation batch: `steps_per_generation` unless `train:` sizes it by
     `generation_batch_size` (TRL takes one or the other). Only the fields the trainer kind's config has (an RLOO
     stage has no GRPO-only fields)."""
-    from kitcli.config_fields import config_fields
-    from kitcli.trainers import TRAINERS
+    from kitcli.recipe.config_fields import config_fields
+    from kitcli.training.trainers import TRAINERS
 
     train = ctx.stage.get("train", {})
     known = config_fields(TRAINERS[kind][2])
@@ -292,7 +292,7 @@ def resolved_defaults(ctx: StageContext, preset: dict[str, Any], rewards, kind: 
 
 
 def make_config(ctx: StageContext, defaults: dict[str, Any], kind: str = "grpo"):
-    from kitcli.trainers import config_class
+    from kitcli.training.trainers import config_class
 
     return build_config(config_class(kind), stage_defaults=defaults, train=ctx.stage.get("train", {}),
                         where=ctx.where,
@@ -312,7 +312,7 @@ def check_enough_prompts(ctx: StageContext, rows: int, config) -> None:
 def describe_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any],
                    kind: str = "grpo") -> dict[str, Any]:
     """Validate data, references and rewards and build the trainer's config, without loading a model."""
-    from kitcli.backend import choose_backend, prepare_backend
+    from kitcli.models.backend import choose_backend, prepare_backend
 
     prepare_backend(choose_backend(ctx.model["backend"]))
     spec = ctx.stage["data"]
@@ -340,7 +340,7 @@ def describe(ctx: StageContext) -> dict[str, Any]:
 def load_reward_scorer(ctx: StageContext):
     """The sequence-classification reward model (and tokenizer): the merged model a reward stage saved, or the
     directory `reward_model: {path}` names."""
-    from kitcli.reward_models import load_seq_cls_scorer
+    from kitcli.models.reward_models import load_seq_cls_scorer
 
     stage = reward_model_stage(ctx)
     path = ctx.output(stage).merged if stage else Path(ctx.stage["reward_model"]["path"])
@@ -354,7 +354,7 @@ def load_reward_scorer(ctx: StageContext):
 def build_trainer(ctx: StageContext, preset: dict[str, Any], config=None, kind: str = "grpo"):
     """Load the policy, the rewards and the data, and build the GRPOTrainer (or, for kind "rloo", RLOOTrainer) the
     stage trains with. Returns (trainer, loaded policy, config)."""
-    from kitcli.trainers import build_trainer as build
+    from kitcli.training.trainers import build_trainer as build
     from rewards.guard import RewardStats, guard_rewards
 
     rewards = load_reward_functions(ctx)

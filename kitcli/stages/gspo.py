@@ -39,9 +39,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from kitcli import dist
-from kitcli.context import StageContext
 from kitcli.errors import KitError
-from kitcli.schema import RESERVED_TRAIN, RewardedSection, StageSpec
+from kitcli.recipe.schema import RESERVED_TRAIN, RewardedSection, StageSpec
+from kitcli.recipe.stage_context import StageContext
 from kitcli.stages import grpo
 
 

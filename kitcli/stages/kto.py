@@ -31,10 +31,10 @@ Every field that decides the objective is set by the kit (`--dry-run` prints the
     the data, as for DPO), sync_ref_model false, disable_dropout true, learning_rate 5e-6
 
 The reference. The policy is the base plus one LoRA adapter ("default") holding exactly the weights `init:` saved;
-KTOTrainer copies it into a frozen adapter "ref" and computes the reference log-probs with it. `kitcli/trainers.py`
-checks, on TRL's trainer and on Unsloth's generated one alike, that "ref" equals the starting adapter and is frozen
-(with `init: sft` the reference is the SFT model, not the base). "ref" is not saved in `adapter/`. With full
-fine-tuning (`lora: false`) TRL loads a separate frozen copy of the starting model.
+KTOTrainer copies it into a frozen adapter "ref" and computes the reference log-probs with it.
+`kitcli/training/trainers.py` checks, on TRL's trainer and on Unsloth's generated one alike, that "ref" equals the
+starting adapter and is frozen (with `init: sft` the reference is the SFT model, not the base). "ref" is not saved in
+`adapter/`. With full fine-tuning (`lora: false`) TRL loads a separate frozen copy of the starting model.
 
 Data. Rows with `prompt`, `completion` and a boolean `label` (standard text or conversational messages), or, read
 directly, preference pairs with `prompt`, `chosen` and `rejected`: the stage then turns each pair into a desirable
@@ -55,17 +55,17 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from kitcli import trainers
-from kitcli.backend import cuda_available, is_peft_model, load_stage_policy, save_model
-from kitcli.checkpoints import resume_checkpoint, train
-from kitcli.context import StageContext
-from kitcli.data import apply_system_prompt, read_rows, to_dataset
+from kitcli.data.rows import apply_system_prompt, read_rows, to_dataset
 from kitcli.errors import KitError
-from kitcli.progress import attach_progress, read_metrics
-from kitcli.schema import StageSpec
+from kitcli.models.backend import cuda_available, is_peft_model, load_stage_policy, save_model
+from kitcli.recipe.schema import StageSpec
+from kitcli.recipe.stage_context import StageContext
 from kitcli.stages.dpo import several_passes
 from kitcli.stages.reward import PreferenceSection, check_pair, eval_fraction, final_evaluation, has_eval, on_disk
-from kitcli.trl_config import build_config, config_dict, config_summary
+from kitcli.training import trainers
+from kitcli.training.checkpoints import resume_checkpoint, train
+from kitcli.training.progress import attach_progress, read_metrics
+from kitcli.training.trl_config import build_config, config_dict, config_summary
 
 UNPAIRED = ("prompt", "completion", "label")
 PAIRED = ("prompt", "chosen", "rejected")
@@ -289,7 +289,7 @@ def describe_data(ctx: StageContext, config) -> dict[str, Any]:
 
 
 def describe(ctx: StageContext) -> dict[str, Any]:
-    from kitcli.backend import choose_backend, prepare_backend
+    from kitcli.models.backend import choose_backend, prepare_backend
 
     if on_disk(ctx.stage["data"]):
         train_eval_rows(ctx)  # the rows' faults first: they need no library

@@ -24,18 +24,18 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from kitcli import interrupt
-from kitcli.backend import cuda_available, resolve_model_path, save_model
-from kitcli.checkpoints import resume_checkpoint
-from kitcli.context import StageContext
-from kitcli.dashboard import StageDashboard
-from kitcli.data import read_rows, require_columns, with_system_prompt
+from kitcli.data.rows import read_rows, require_columns, with_system_prompt
+from kitcli.display.dashboard import StageDashboard
 from kitcli.errors import KitError
+from kitcli.models.backend import cuda_available, resolve_model_path, save_model
 from kitcli.ppo.checkpoint import CHECKPOINT_FILES
 from kitcli.ppo.config import PPOConfig, ppo_defaults
-from kitcli.progress import read_metrics
-from kitcli.schema import DataSpec, RewardedSection, StageSpec
-from kitcli.trl_config import build_config
+from kitcli.recipe.schema import DataSpec, RewardedSection, StageSpec
+from kitcli.recipe.stage_context import StageContext
+from kitcli.training import interrupt
+from kitcli.training.checkpoints import resume_checkpoint
+from kitcli.training.progress import read_metrics
+from kitcli.training.trl_config import build_config
 
 
 def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, Any]:
@@ -54,7 +54,8 @@ def make_config(ctx: StageContext) -> PPOConfig:
 
 
 def reward_source(ctx: StageContext):
-    """`reward_model:` as the recipe validated it (kitcli/schema.py): an earlier reward stage, or a model directory."""
+    """`reward_model:` as the recipe validated it (kitcli/recipe/schema.py): an earlier reward stage, or a model
+    directory."""
     from kitcli.ppo.models import RewardSource
 
     spec = ctx.stage.get("reward_model")
@@ -79,7 +80,7 @@ def load_rows(ctx: StageContext, key: str = "data") -> list[dict[str, Any]]:
         if row.get("prompt") in (None, "", []):
             raise KitError(f"{ctx.where}: row {index} of '{spec['path']}' has an empty prompt; every row needs a "
                            f"prompt (a string or a list of messages)")
-    system = ctx.stage.get("system_prompt")  # the same rule as every stage's (kitcli/data.py)
+    system = ctx.stage.get("system_prompt")  # the same rule as every stage's (kitcli/data/rows.py)
     return [{**row, "prompt": with_system_prompt(row["prompt"], system)} for row in rows]
 
 
@@ -114,7 +115,7 @@ def train(ctx: StageContext, config: PPOConfig, models, rows, reward_fns, reward
 
 
 def describe(ctx: StageContext) -> dict[str, Any]:
-    from kitcli.backend import choose_backend, prepare_backend
+    from kitcli.models.backend import choose_backend, prepare_backend
 
     prepare_backend(choose_backend(ctx.model["backend"]))
     rewards = load_reward_functions(ctx)

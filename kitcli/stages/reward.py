@@ -27,16 +27,16 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from kitcli.backend import cuda_available, resolve_model_path, save_model
-from kitcli.checkpoints import resume_checkpoint, train
-from kitcli.context import StageContext
-from kitcli.data import read_rows, require_columns, to_dataset
+from kitcli.data.rows import read_rows, require_columns, to_dataset
 from kitcli.errors import KitError
-from kitcli.progress import attach_progress, read_metrics
-from kitcli.reward_models import load_reward_model, save_merged_reward_model
-from kitcli.schema import DataSpec, StageSpec, TrainingSection, fail
-from kitcli.trainers import trainer_summary
-from kitcli.trl_config import build_config, config_dict, config_summary
+from kitcli.models.backend import cuda_available, resolve_model_path, save_model
+from kitcli.models.reward_models import load_reward_model, save_merged_reward_model
+from kitcli.recipe.schema import DataSpec, StageSpec, TrainingSection, fail
+from kitcli.recipe.stage_context import StageContext
+from kitcli.training.checkpoints import resume_checkpoint, train
+from kitcli.training.progress import attach_progress, read_metrics
+from kitcli.training.trainers import trainer_summary
+from kitcli.training.trl_config import build_config, config_dict, config_summary
 
 PAIR_COLUMNS = ["chosen", "rejected"]
 DEFAULT_EVAL_FRACTION = 0.1
@@ -201,7 +201,7 @@ def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, A
 
 
 def make_config(ctx: StageContext):
-    from kitcli.trainers import config_class
+    from kitcli.training.trainers import config_class
 
     return build_config(config_class("reward"), stage_defaults=stage_defaults(ctx), train=ctx.stage.get("train", {}),
                         where=ctx.where, output_dir=ctx.dir.checkpoints, seed=ctx.seed,
@@ -209,7 +209,7 @@ def make_config(ctx: StageContext):
 
 
 def describe(ctx: StageContext) -> dict[str, Any]:
-    from kitcli.backend import choose_backend, prepare_backend
+    from kitcli.models.backend import choose_backend, prepare_backend
 
     prepare_backend(choose_backend(ctx.model["backend"]))  # unsloth before trl, as the run's policy stages need
     config = make_config(ctx)
@@ -226,7 +226,7 @@ def reward_base(ctx: StageContext) -> str:
 
 def build_trainer(ctx: StageContext, config=None):
     """The RewardTrainer this stage trains with (and the loaded model), before any step is taken."""
-    from kitcli.trainers import build_trainer as build
+    from kitcli.training.trainers import build_trainer as build
 
     train_rows, eval_rows = train_eval_rows(ctx)
     config = config or make_config(ctx)

@@ -40,9 +40,9 @@ Every field that decides the objective is set by the kit (and `--dry-run` prints
 Rewards and reward models are given exactly as for GRPO (`rewards:`, `reward_model:`, `system_prompt:`; a reward that
 fails stops the stage naming the reward and the sample). The reference: the policy is the base plus one LoRA
 adapter holding exactly the weights `init:` saved; RLOOTrainer copies that adapter into a frozen adapter "ref" and
-computes the reference log-probs with it. `kitcli/trainers.py` checks, on TRL's trainer and on Unsloth's generated
-one alike, that "ref" equals the starting adapter and is frozen (so with `init: sft` the KL is to the SFT model, and
-the first logged `kl` is 0). The "ref" adapter is not saved in `adapter/`.
+computes the reference log-probs with it. `kitcli/training/trainers.py` checks, on TRL's trainer and on Unsloth's
+generated one alike, that "ref" equals the starting adapter and is frozen (so with `init: sft` the KL is to the SFT
+model, and the first logged `kl` is 0). The "ref" adapter is not saved in `adapter/`.
 
 Data, generation batches, checkpoints (at whole generation batches), the dashboard, alarms and the report are the
 GRPO stage's: this module reuses kitcli/stages/grpo.py with trainer kind "rloo".
@@ -52,8 +52,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from kitcli.context import StageContext
-from kitcli.schema import RESERVED_TRAIN, RewardedSection, StageSpec
+from kitcli.recipe.schema import RESERVED_TRAIN, RewardedSection, StageSpec
+from kitcli.recipe.stage_context import StageContext
 from kitcli.stages import grpo
 
 

@@ -10,14 +10,14 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from kitcli.backend import cuda_available, load_stage_policy, save_model
-from kitcli.checkpoints import resume_checkpoint, train
-from kitcli.context import StageContext
-from kitcli.data import apply_system_prompt, read_rows, require_columns, to_dataset
-from kitcli.progress import attach_progress, read_metrics
-from kitcli.schema import StageSpec, TrainingSection
-from kitcli.trainers import build_trainer, trainer_summary
-from kitcli.trl_config import build_config, config_dict, config_summary
+from kitcli.data.rows import apply_system_prompt, read_rows, require_columns, to_dataset
+from kitcli.models.backend import cuda_available, load_stage_policy, save_model
+from kitcli.recipe.schema import StageSpec, TrainingSection
+from kitcli.recipe.stage_context import StageContext
+from kitcli.training.checkpoints import resume_checkpoint, train
+from kitcli.training.progress import attach_progress, read_metrics
+from kitcli.training.trainers import build_trainer, trainer_summary
+from kitcli.training.trl_config import build_config, config_dict, config_summary
 
 COLUMN_OPTIONS = [["prompt", "completion"], ["messages"], ["text"]]
 
@@ -44,7 +44,7 @@ def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, A
 
 
 def make_config(ctx: StageContext):
-    from kitcli.trainers import config_class
+    from kitcli.training.trainers import config_class
 
     return build_config(config_class("sft"), stage_defaults=stage_defaults(ctx), train=ctx.stage.get("train", {}),
                         where=ctx.where, output_dir=ctx.dir.checkpoints, seed=ctx.seed,
@@ -60,7 +60,7 @@ def load_rows(ctx: StageContext) -> list[dict[str, Any]]:
 
 
 def describe(ctx: StageContext) -> dict[str, Any]:
-    from kitcli.backend import choose_backend, prepare_backend
+    from kitcli.models.backend import choose_backend, prepare_backend
 
     prepare_backend(choose_backend(ctx.model["backend"]))
     rows = load_rows(ctx)

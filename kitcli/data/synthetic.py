@@ -1,0 +1,133 @@
+"""Small synthetic datasets the kit ships in `examples/data/` (regenerate with `python -m kitcli.synthetic`).
+
+Every row is made here from a seed; nothing is copied from elsewhere. The task is one-step word problems
+over single-digit sums ("Ada has 3 apples and gets 5 more. How many apples does Ada have?" -> "8"). The tiny
+base model knows the sums as plain text ("3+5=8", from its pretraining in `kitcli/models/tiny.py`); fine-tuning teaches
+it to read the question and answer in the chat format. The held-out split uses (a, b) pairs that no training
+file contains, so exact match on it measures a learned skill, not memorised rows.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+NAMES = ["Ada", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gus", "Hana", "Ivo", "Jun"]
+THINGS = ["apples", "books", "coins", "cards", "shells", "stamps", "pens", "cups"]
+HELD_OUT_PAIRS = 20
+
+
+def split_pairs(seed: int = 0) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """All single-digit (a, b) pairs, split into training pairs and held-out pairs never trained on."""
+    pairs = [(a, b) for a in range(10) for b in range(10)]
+    random.Random(seed).shuffle(pairs)
+    return sorted(pairs[HELD_OUT_PAIRS:]), sorted(pairs[:HELD_OUT_PAIRS])
+
+
+def word_problem(a: int, b: int, rng: random.Random) -> dict:
+    name, thing = rng.choice(NAMES), rng.choice(THINGS)
+    question = f"{name} has {a} {thing} and gets {b} more. How many {thing} does {name} have?"
+    return {"question": question, "answer": str(a + b)}
+
+
+def word_problems(pairs: list[tuple[int, int]], n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [word_problem(*rng.choice(pairs), rng) for _ in range(n)]
+
+
+def chat(text: str, role: str = "user") -> list[dict]:
+    return [{"role": role, "content": text}]
+
+
+def sft_rows(problems: list[dict]) -> list[dict]:
+    """Conversational prompt/completion rows (TRL's format), with the answer kept for evaluation."""
+    return [{"prompt": chat(p["question"]), "completion": chat(p["answer"], "assistant"), "answer": p["answer"]}
+            for p in problems]
+
+
+def prompt_rows(problems: list[dict]) -> list[dict]:
+    return [{"prompt": chat(p["question"]), "answer": p["answer"]} for p in problems]
+
+
+def preference_rows(problems: list[dict], seed: int) -> list[dict]:
+    """Chosen is the right sum; rejected is, half the time, off by one to three (a plausible mistake) and otherwise
+    any other sum from 0 to 18, so a reward model learns to rank the right answer above every wrong one."""
+    rng = random.Random(seed)
+    rows = []
+    for p in problems:
+        right = int(p["answer"])
+        if rng.random() < 0.5:
+            wrong = max(0, right + rng.choice([-1, 1]) * rng.randint(1, 3))
+            wrong = wrong if wrong != right else right + 1
+        else:
+            wrong = rng.choice([n for n in range(19) if n != right])
+        rows.append({"prompt": chat(p["question"]), "chosen": chat(str(right), "assistant"),
+                     "rejected": chat(str(wrong), "assistant")})
+    return rows
+
+
+# --- word problems for a real model (smol-grpo): two-digit numbers, one or two steps, plain strings ---------------
+
+STEPS = ("gets {b} more", "gives {b} away", "gets {b} more and then gives {c} away")
+
+
+def harder_problem(rng: random.Random) -> dict:
+    """A word problem with two-digit numbers: a + b, a - b, or a + b - c (answers from 0 to 99)."""
+    name, thing, kind = rng.choice(NAMES), rng.choice(THINGS), rng.randrange(3)
+    a, b, c = rng.randint(10, 59), rng.randint(10, 39), rng.randint(2, 9)
+    if kind == 1:
+        a, b = max(a, b) + 10, min(a, b)
+    answer = a + b if kind == 0 else a - b if kind == 1 else a + b - c
+    step = STEPS[kind].format(b=b, c=c)
+    return {"question": f"{name} has {a} {thing} and {step}. How many {thing} does {name} have now?",
+            "answer": str(answer), "key": (kind, a, b, c)}
+
+
+def harder_problems(n_train: int, n_eval: int, seed: int = 7) -> tuple[list[dict], list[dict]]:
+    """(training, held-out) problems: the held-out ones use (a, b) number pairs that no training problem has."""
+    rng = random.Random(seed)
+    train, held_out = [], []
+    while len(train) < n_train or len(held_out) < n_eval:
+        problem = harder_problem(rng)
+        _, a, b, _ = problem.pop("key")
+        if (a * 31 + b * 17) % 20 < 3:  # a fixed 15% of the (a, b) pairs is held out
+            if len(held_out) < n_eval:
+                held_out.append(problem)
+        elif len(train) < n_train:
+            train.append(problem)
+    return train, held_out
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def write_all(out_dir: Path) -> list[Path]:
+    train, held_out = split_pairs()
+    files = {
+        "arithmetic_sft.jsonl": sft_rows(word_problems(train, 800, seed=1)),
+        "arithmetic_eval.jsonl": sft_rows(word_problems(held_out, 100, seed=2)),
+        "arithmetic_prompts.jsonl": prompt_rows(word_problems(train, 400, seed=3)),
+        "arithmetic_prefs.jsonl": preference_rows(word_problems(train, 1600, seed=4), seed=5),
+    }
+    smol_train, smol_eval = harder_problems(1200, 100)
+    files["word_problems_train.jsonl"] = smol_train  # plain strings: question, answer (recipes add chat: true)
+    files["word_problems_eval.jsonl"] = smol_eval
+    for name, rows in files.items():
+        write_jsonl(out_dir / name, rows)
+    return [out_dir / name for name in files]
+
+
+def main() -> None:
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "examples" / "data"
+    for path in write_all(target):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,400 @@
+"""Training progress as a user sees it: a live dashboard on a terminal, plain lines elsewhere, JSON lines with
+`--json`, and `metrics.jsonl` / `alarms.jsonl` / `completions.jsonl` in the stage directory.
+
+On a terminal (rich) each stage shows: stage i of N and its name, a progress bar with ETA and steps/s, the latest
+value and a trend line of the metrics that matter for its type (its StageSpec's `metrics`; any numeric metric for
+a type it does not know), for RL stages a few recent completions with their rewards, and the alarms of
+`kitcli/display/alarms.py`. Not on a terminal (CI, logs, `| tee`): one plain line per logging step, no escape codes.
+`--quiet`: nothing but alarms (on stderr). `--json`: one JSON object per logging step on stdout.
+
+A stage with its own loop (PPO) drives a `StageDashboard` directly: `begin(max_steps, start)`, `advance(step)`,
+`log(step, row, samples=...)`, `end(step)`; TRL trainers get one through kitcli/training/progress.py's callback.
+The runner says which stage of how many is running (`stage_display`), the CLI chooses the mode (`output_mode`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from kitcli.display.alarms import AlarmMonitor
+from kitcli.recipe import stage_types
+from kitcli.rundir import StageDir
+
+# Never worth a place on screen (bookkeeping, or shown another way).
+NOT_SHOWN = {"epoch", "step", "total_flos", "num_tokens", "train_runtime", "train_samples_per_second",
+             "train_steps_per_second", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "time"}
+TREND = "▁▂▃▄▅▆▇█"
+TREND_POINTS = 24
+SAMPLES_SHOWN = 3
+MODES = ("auto", "quiet", "json")
+
+
+@dataclass
+class Display:
+    """How progress is shown in this process (set by the CLI) and which stage runs now (set by the runner)."""
+
+    mode: str = "auto"
+    json_stream: Any = None
+    stage_index: int | None = None
+    stage_total: int | None = None
+    stage_type: str | None = None
+
+
+DISPLAY = Display()
+
+
+@contextmanager
+def output_mode(mode: str, json_stream=None):
+    """`auto` (dashboard on a terminal, plain lines elsewhere), `quiet`, or `json` (objects to `json_stream`)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}")
+    saved = (DISPLAY.mode, DISPLAY.json_stream)
+    DISPLAY.mode, DISPLAY.json_stream = mode, json_stream if json_stream is not None else sys.stdout
+    try:
+        yield DISPLAY
+    finally:
+        DISPLAY.mode, DISPLAY.json_stream = saved
+
+
+@contextmanager
+def stage_display(index: int, total: int, stage_type: str):
+    saved = (DISPLAY.stage_index, DISPLAY.stage_total, DISPLAY.stage_type)
+    DISPLAY.stage_index, DISPLAY.stage_total, DISPLAY.stage_type = index, total, stage_type
+    try:
+        yield
+    finally:
+        DISPLAY.stage_index, DISPLAY.stage_total, DISPLAY.stage_type = saved
+
+
+def json_safe(value: Any) -> Any:
+    """NaN and infinities as null, so every line is standard JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def emit_json(obj: dict[str, Any]) -> None:
+    """One JSON object on its own line, in `--json` mode only."""
+    if DISPLAY.mode != "json":
+        return
+    stream = DISPLAY.json_stream or sys.stdout
+    stream.write(json.dumps(json_safe(obj), default=str) + "\n")
+    stream.flush()
+
+
+# --- formatting ---------------------------------------------------------------------------------------------
+
+def format_value(value: Any) -> str:
+    if isinstance(value, float):
+        if value == 0 or (1e-3 <= abs(value) < 1e4):
+            return f"{value:.4g}"
+        return f"{value:.2e}"
+    return str(value)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def stage_metrics(stage_type: str | None) -> tuple[tuple[str, str], ...] | None:
+    """(logged key, label) pairs a stage type shows (kitcli/recipe/stage_types.py); None for an unknown type."""
+    spec = stage_types.specs().get(stage_type or "")
+    return spec.metrics if spec is not None and spec.metrics else None
+
+
+def shown_metrics(logs: dict[str, Any], stage_type: str | None) -> list[tuple[str, str]]:
+    """(key, label) of the metrics in `logs` worth showing for this stage type, in display order."""
+    evaluating = bool(logs) and all(str(k).startswith("eval_") for k in logs if k not in NOT_SHOWN | {"epoch"})
+    prefix = "eval_" if evaluating else ""
+    spec = stage_metrics(stage_type)
+    if spec is None:
+        return [(k, k) for k, v in logs.items() if is_number(v) and k not in NOT_SHOWN]
+    shown = []
+    for key, label in spec:
+        if "*" in key:
+            head, tail = (prefix + key).split("*")
+            for logged in logs:
+                if logged.startswith(head) and logged.endswith(tail) and is_number(logs[logged]):
+                    name = logged[len(head): len(logged) - len(tail)]
+                    shown.append((logged, prefix + name))
+        elif is_number(logs.get(prefix + key)):
+            shown.append((prefix + key, prefix + label))
+    return shown
+
+
+def headline(logs: dict[str, Any], stage_type: str | None = None) -> str:
+    return "  ".join(f"{label} {format_value(logs[key])}" for key, label in shown_metrics(logs, stage_type))
+
+
+def trend_line(values: list[float], points: int = TREND_POINTS) -> str:
+    """A sparkline of the last `points` values (min to max of those values)."""
+    values = [v for v in values[-points:] if math.isfinite(v)]
+    if not values:
+        return ""
+    low, high = min(values), max(values)
+    if high - low <= 1e-12 * max(1.0, abs(high)):
+        return TREND[len(TREND) // 2] * len(values)
+    return "".join(TREND[min(len(TREND) - 1, int((v - low) / (high - low) * len(TREND)))] for v in values)
+
+
+def clock(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 \
+        else f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def message_text(value: Any) -> str:
+    """A prompt or completion as one line: the last message's content for conversations."""
+    if isinstance(value, list) and value and isinstance(value[-1], dict):
+        value = value[-1].get("content", "")
+    elif isinstance(value, dict):
+        value = value.get("content", "")
+    return " ".join(str(value).split())
+
+
+def clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# --- the display of one stage -------------------------------------------------------------------------------
+
+class StageDashboard:
+    """Progress, metrics, trends, samples and alarms of one stage; writes the stage's metric and alarm logs."""
+
+    def __init__(self, stage_name: str, metrics_path: Path, console: Console, *, stage_type: str | None = None,
+                 index: int | None = None, total: int | None = None, mode: str | None = None, json_stream=None,
+                 label: str = ""):
+        self.name = stage_name
+        self.label = label or stage_name
+        self.metrics_path = Path(metrics_path)
+        self.console = console
+        self.stage_type = stage_type if stage_type is not None else DISPLAY.stage_type
+        self.index = index if index is not None else DISPLAY.stage_index
+        self.total = total if total is not None else DISPLAY.stage_total
+        mode = mode or DISPLAY.mode
+        self.mode = ("live" if console.is_terminal else "plain") if mode == "auto" else mode
+        self.json_stream = json_stream or DISPLAY.json_stream or sys.stdout
+        self.monitor = AlarmMonitor(self.stage_type)
+        self.history: dict[str, list[float]] = {}
+        self.latest: dict[str, Any] = {}
+        self.latest_eval: dict[str, Any] = {}
+        self.samples: list[dict[str, Any]] = []
+        self.max_steps = 0
+        self.first_step = 0
+        self.step = 0
+        self.started = time.time()
+        self.live = None
+        self.last_refresh = 0.0
+
+    @property
+    def title(self) -> str:
+        position = f"stage {self.index}/{self.total}: " if self.index is not None and self.total else ""
+        kind = f" ({self.stage_type})" if self.stage_type else ""
+        return f"{position}{self.label}{kind}"
+
+    def rate(self) -> float:
+        elapsed = time.time() - self.started
+        done = self.step - self.first_step
+        return done / elapsed if done > 0 and elapsed > 0 else math.nan
+
+    def eta(self) -> float:
+        rate = self.rate()
+        return (self.max_steps - self.step) / rate if rate and math.isfinite(rate) else math.nan
+
+    # --- events ---
+
+    def begin(self, max_steps: int, start_step: int = 0) -> None:
+        self.max_steps, self.first_step, self.step = int(max_steps or 0), start_step, start_step
+        self.started = time.time()
+        if self.mode == "live":
+            from rich.live import Live
+
+            self.live = Live(self.render(), console=self.console, auto_refresh=False, transient=False)
+            self.live.start(refresh=True)
+
+    def advance(self, step: int) -> None:
+        self.step = step
+        if self.live is not None and time.time() - self.last_refresh > 0.25:
+            self.refresh()
+
+    def log(self, step: int, logs: dict[str, Any], *, epoch: float | None = None,
+            samples: list[dict[str, Any]] | None = None) -> None:
+        """One logging step: append it to metrics.jsonl, check alarms, show it once in the chosen mode."""
+        self.step = step
+        row = {"step": step, **({"epoch": round(epoch or 0.0, 4)} if epoch is not None else {}),
+               "time": round(time.time(), 3),
+               **{k: v for k, v in logs.items() if isinstance(v, (int, float, str, bool)) or v is None}}
+        with open(self.metrics_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+        if "train_runtime" in logs:
+            self.finished(logs)
+            return
+        evaluating = bool(shown_metrics(logs, self.stage_type)) and \
+            all(key.startswith("eval_") for key, _ in shown_metrics(logs, self.stage_type))
+        for key, value in logs.items():
+            if is_number(value):
+                self.history.setdefault(key, []).append(float(value))
+        (self.latest_eval if evaluating else self.latest).update(logs)
+        alarms = self.monitor.update(step, logs, samples)
+        if alarms:
+            with open(StageDir(self.metrics_path.parent).alarms, "a", encoding="utf-8") as f:
+                for alarm in alarms:
+                    f.write(json.dumps({"stage": self.name, **alarm.as_dict()}) + "\n")
+        if samples:
+            self.samples = samples[-SAMPLES_SHOWN:]
+            with open(StageDir(self.metrics_path.parent).completions, "a", encoding="utf-8") as f:
+                for sample in self.samples:
+                    f.write(json.dumps(json_safe({"step": step, **sample}), ensure_ascii=False, default=str) + "\n")
+        self.show(step, logs, alarms, evaluating)
+
+    def show(self, step: int, logs: dict[str, Any], alarms, evaluating: bool) -> None:
+        if self.mode == "json":
+            self.json_stream.write(json.dumps(json_safe({
+                "event": "log", "stage": self.name, "type": self.stage_type, "stage_index": self.index,
+                "stages": self.total, "step": step, "max_steps": self.max_steps,
+                "metrics": {k: v for k, v in logs.items() if is_number(v) or v is None},
+                "alarms": [a.as_dict() for a in alarms]}), default=str) + "\n")
+            self.json_stream.flush()
+            return
+        if self.mode == "quiet":
+            for alarm in alarms:
+                print(f"[{self.name}] ALARM step {alarm.step} {alarm.code}: {alarm.message}", file=sys.stderr)
+            return
+        if self.mode == "live":
+            from rich.text import Text
+
+            for alarm in alarms:
+                line = Text("alarm", style="bold red")
+                line.append(f" [{self.name}] step {alarm.step} {alarm.code}: {alarm.message}")
+                self.console.print(line, highlight=False, soft_wrap=True)
+            self.refresh()
+            return
+        for alarm in alarms:
+            self.plain(f"[{self.name}] ALARM step {alarm.step} {alarm.code}: {alarm.message}")
+        text = headline(logs, self.stage_type)
+        if not text:
+            return
+        if evaluating:
+            self.plain(f"[{self.name}] eval at step {step}  {text}")
+            return
+        rate = self.rate()
+        speed = f"  {rate:.3g} step/s" if math.isfinite(rate) else ""
+        eta = self.eta()
+        self.plain(f"[{self.name}] step {step}/{self.max_steps}  {text}{speed}  "
+                   f"eta {f'{eta:.0f}s' if math.isfinite(eta) else '?'}")
+
+    def plain(self, line: str) -> None:
+        self.console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+    def finished(self, logs: dict[str, Any]) -> None:
+        seconds = logs.get("train_runtime")
+        if self.mode == "json":
+            self.json_stream.write(json.dumps(json_safe({
+                "event": "stage_end", "stage": self.name, "type": self.stage_type, "step": self.step,
+                "metrics": {k: v for k, v in logs.items() if is_number(v)}}), default=str) + "\n")
+            self.json_stream.flush()
+        elif self.mode == "plain":
+            loss = logs.get("train_loss")
+            extra = f"  train_loss {format_value(loss)}" if is_number(loss) else ""
+            steps = self.step - self.first_step
+            self.plain(f"[{self.name}] finished {steps} steps in {format_value(float(seconds or 0))}s{extra}")
+
+    def end(self, step: int | None = None) -> None:
+        if step is not None:
+            self.step = step
+        if self.live is not None:
+            self.live.update(self.render(), refresh=True)
+            self.live.stop()
+            self.live = None
+
+    # --- the live panel ---
+
+    def refresh(self) -> None:
+        if self.live is not None:
+            self.last_refresh = time.time()
+            self.live.update(self.render(), refresh=True)
+
+    def render(self):
+        from rich.console import Group
+        from rich.panel import Panel
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+        from rich.text import Text
+
+        bar = Table.grid(padding=(0, 1))
+        bar.add_column(width=30)
+        bar.add_column()
+        rate, eta = self.rate(), self.eta()
+        elapsed = time.time() - self.started
+        bar.add_row(ProgressBar(total=max(self.max_steps, 1), completed=self.step, width=30),
+                    Text(f"{self.step}/{self.max_steps}  {clock(elapsed)} elapsed  eta {clock(eta)}  "
+                         f"{f'{rate:.3g}' if math.isfinite(rate) else '?'} step/s"))
+        parts: list[Any] = [bar]
+        metrics = self.metric_grid(self.latest)
+        if metrics is not None:
+            parts.append(metrics)
+        evals = self.metric_grid(self.latest_eval)
+        if evals is not None:
+            parts.append(evals)
+        if self.monitor.active:
+            alarms = Text()
+            for alarm in self.monitor.active.values():
+                alarms.append(f"! {alarm.code} (step {alarm.step}): {alarm.message}\n", style="bold red")
+            parts.append(alarms)
+        if self.samples and (self.stage_type is None or stage_types.is_rl(self.stage_type)):
+            parts.append(self.sample_table())
+        return Panel(Group(*parts), title=Text(self.title, style="bold"), title_align="left")
+
+    def metric_grid(self, logs: dict[str, Any]):
+        from rich.table import Table
+        from rich.text import Text
+
+        shown = shown_metrics(logs, self.stage_type)
+        if not shown:
+            return None
+        columns = max(1, min(3, (self.console.width - 4) // 40))
+        grid = Table.grid(padding=(0, 3))
+        for _ in range(columns):
+            grid.add_column()
+        cells = []
+        for key, label in shown:
+            cell = Text(f"{label} {format_value(logs[key])} ", style="bold")
+            cell.append(trend_line(self.history.get(key, [])), style="cyan")
+            cells.append(cell)
+        for start in range(0, len(cells), columns):
+            grid.add_row(*cells[start:start + columns])
+        return grid
+
+    def sample_table(self):
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(title="recent completions", title_justify="left", show_edge=False, expand=True)
+        table.add_column("reward", justify="right", no_wrap=True)
+        table.add_column("prompt", ratio=2, overflow="ellipsis", no_wrap=True)
+        table.add_column("completion", ratio=3, overflow="ellipsis", no_wrap=True)
+        for sample in self.samples:
+            scores = sample.get("rewards") or {}
+            total = sample.get("reward")
+            if total is None and scores:
+                total = sum(v for v in scores.values() if v is not None and math.isfinite(v))
+            detail = " ".join(f"{n} {format_value(v)}" for n, v in scores.items()) if len(scores) > 1 else ""
+            shown = format_value(total) if total is not None else "-"
+            table.add_row(Text(f"{shown} ({detail})" if detail else shown),
+                          Text(clip(sample.get("prompt", ""), 80)), Text(clip(sample.get("completion", ""), 120)))
+        return table

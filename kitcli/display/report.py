@@ -1,0 +1,353 @@
+"""Run report: `report.md` and SVG plots (one figure per stage, plus the evaluation table) in a run directory.
+
+    kit report runs/tiny-sft-20261202-120000
+    kit run tiny-sft                 (writes the report at the end and prints its path)
+
+Everything is read back from the run directory (recipe.lock.yaml, each stage's DONE, metrics.jsonl, alarms.jsonl,
+completions.jsonl and samples.jsonl), so a report can be written for a finished, interrupted or old run.
+The figures are written as SVG by kitcli/display/svgplot.py (no matplotlib: a run's report costs milliseconds).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kitcli.display import svgplot
+from kitcli.errors import KitError
+from kitcli.recipe import stage_types
+from kitcli.rundir import LOCK_NAME, RunDir, StageDir, read_jsonl
+
+FALLBACK_SKIP = {"step", "epoch", "time", "total_flos", "num_tokens", "train_runtime", "train_samples_per_second",
+                 "train_steps_per_second", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
+FALLBACK_PANELS = 9
+
+
+@dataclass
+class StageRecord:
+    stage: dict[str, Any]
+    index: int
+    directory: Path
+    done: dict[str, Any] | None
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    alarms: list[dict[str, Any]] = field(default_factory=list)
+    completions: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.stage["name"]
+
+    @property
+    def type(self) -> str:
+        return self.stage["type"]
+
+    @property
+    def status(self) -> str:
+        if self.done is not None:
+            return "done"
+        return "incomplete" if self.metrics or self.directory.exists() else "not run"
+
+
+@dataclass
+class RunRecord:
+    run_dir: Path
+    lock: dict[str, Any]
+    stages: list[StageRecord]
+
+    @property
+    def name(self) -> str:
+        return str(self.lock.get("recipe", {}).get("name", self.run_dir.name))
+
+    def evals(self) -> list[StageRecord]:
+        return [s for s in self.stages if s.done is not None and stage_types.specs().get(s.type) is not None
+                and stage_types.spec(s.type).evaluates]
+
+
+def load_run(run_dir: Path) -> RunRecord:
+    run = RunDir(Path(run_dir))
+    if not run.is_run():
+        raise KitError(f"{run.path} is not a kit run directory (no {LOCK_NAME}); give the directory `kit run` "
+                       f"printed (runs/<name>-<timestamp>)")
+    try:
+        lock = run.read_lock() or {}
+    except KitError:
+        raise KitError(f"{run.lock_path} is not valid YAML; restore it from the run") from None
+    stages = []
+    for index, stage in enumerate(lock.get("recipe", {}).get("stages", []), start=1):
+        directory = run.stage(stage["name"])
+        stages.append(StageRecord(stage, index, directory.path, directory.done(), directory.read_metrics(),
+                                  read_jsonl(directory.alarms), read_jsonl(directory.completions)))
+    return RunRecord(run.path, lock, stages)
+
+
+# --- evaluation tables (also used by the runner's summary and bench/seeds.py) --------------------------------
+
+def eval_metric_keys(summaries: list[dict[str, Any]]) -> list[str]:
+    """The score keys the eval summaries hold, in table order: exact match, pass@k, reward, each reward."""
+    present = {k for s in summaries for k, v in s.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    keys = [k for k in ("exact_match",) if k in present]
+    keys += sorted((k for k in present if k.startswith("pass@") and k[5:].isdigit()), key=lambda k: int(k[5:]))
+    keys += [k for k in ("reward",) if k in present]
+    keys += sorted(k for k in present if k.startswith("rewards/") and k.count("/") == 1)
+    return keys
+
+
+def metric_label(key: str) -> str:
+    if key == "exact_match":
+        return "exact match"
+    if key == "reward":
+        return "total reward"
+    return f"reward: {key.split('/', 1)[1]}" if key.startswith("rewards/") else key
+
+
+def format_score(value: Any) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return f"{value:.3f}" if isinstance(value, (int, float)) else str(value)
+
+
+def format_seconds(value: Any) -> str:
+    return f"{value:.1f}" if isinstance(value, (int, float)) else "-"
+
+
+def format_change(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.3f}"
+
+
+def before_after(evals: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[list[str], list[list[str]]]:
+    """The before/after table: one row per score, one column per eval stage (with the model it evaluated), and
+    the change from the first eval to the last."""
+    keys = eval_metric_keys([summary for _, summary in evals])
+    header = ["score", *[f"{stage['name']} ({stage.get('init') or 'base'})" for stage, _ in evals]]
+    if len(evals) >= 2:
+        header.append("change")
+    rows = []
+    for key in keys:
+        row = [metric_label(key), *[format_score(summary.get(key)) for _, summary in evals]]
+        if len(evals) >= 2:
+            a, b = evals[0][1].get(key), evals[-1][1].get(key)
+            row.append(format_change(b - a) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else "-")
+        rows.append(row)
+    rows.append(["prompts", *[str(summary.get("n", "")) for _, summary in evals], *([""] if len(evals) >= 2 else [])])
+    return header, rows
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    def cell(text: Any) -> str:
+        return str(text).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# --- figures ------------------------------------------------------------------------------------------------
+
+def matching_keys(pattern: str, rows: list[dict[str, Any]]) -> list[str]:
+    if "*" not in pattern:
+        return [pattern]
+    head, tail = pattern.split("*", 1)
+    found = []
+    for row in rows:
+        for key in row:
+            if key.startswith(head) and key.endswith(tail) and key not in found:
+                found.append(key)
+    return found
+
+
+def series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of a logged metric, finite values only."""
+    xs, ys = [], []
+    for row in rows:
+        value = row.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            xs.append(row.get("step", len(xs)))
+            ys.append(float(value))
+    return xs, ys
+
+
+def stage_panels(stage_type: str, rows: list[dict[str, Any]]) -> list[tuple[str, str, list[str]]]:
+    """The panels to draw for a stage: its type's curves that were logged, else every numeric metric."""
+    spec = stage_types.specs().get(stage_type)
+    panels = []
+    for title, ylabel, patterns in spec.panels if spec is not None else ():
+        keys = [k for p in patterns for k in matching_keys(p, rows) if series(rows, k)[1]]
+        if keys:
+            panels.append((title, ylabel, keys))
+    if panels or (spec is not None and spec.panels):
+        return panels
+    numeric = []
+    for row in rows:
+        for key, value in row.items():
+            if key not in FALLBACK_SKIP and key not in numeric and isinstance(value, (int, float)) \
+                    and not isinstance(value, bool):
+                numeric.append(key)
+    return [(key, key, [key]) for key in numeric[:FALLBACK_PANELS]]
+
+
+def stage_figure(title: str, stage_type: str, rows: list[dict[str, Any]]) -> str | None:
+    """One SVG figure for a stage: a titled panel per curve group, step on x, the metric on y; None if nothing
+    was logged."""
+    panels = stage_panels(stage_type, rows)
+    if not panels:
+        return None
+    return svgplot.line_figure(title, [
+        svgplot.Panel(panel_title, ylabel, [svgplot.Series(series_label(key), *series(rows, key)) for key in keys])
+        for panel_title, ylabel, keys in panels])
+
+
+def series_label(key: str) -> str:
+    return key.split("/", 1)[1].rsplit("/", 1)[0] if key.startswith("rewards/") and key.endswith("/mean") else key
+
+
+def eval_figure(evals: list[tuple[dict[str, Any], dict[str, Any]]]) -> str | None:
+    """Grouped bars: one group per eval stage, one bar per score."""
+    keys = eval_metric_keys([summary for _, summary in evals])
+    if not evals or not keys:
+        return None
+    groups = [f"{stage['name']}\n({stage.get('init') or 'base'})" for stage, _ in evals]
+    bars = [svgplot.Series(metric_label(key), list(range(len(evals))),
+                           [summary.get(key) if isinstance(summary.get(key), (int, float)) else 0.0
+                            for _, summary in evals]) for key in keys]
+    return svgplot.bar_figure("held-out evaluation before and after training", groups, bars,
+                              "eval stage (model evaluated)", "score")
+
+
+def up_to_date(figure: Path, stage_dir: Path) -> bool:
+    """Whether a stage's plot is newer than every file it is drawn from. A run of several stages redraws only the
+    stages that ran."""
+    if not figure.is_file():
+        return False
+    sources = [stage_dir / name for name in ("DONE", "metrics.jsonl")]
+    newest = max((f.stat().st_mtime_ns for f in sources if f.is_file()), default=None)
+    return newest is not None and figure.stat().st_mtime_ns > newest
+
+
+def save_figure(figure: str, path: Path) -> None:
+    staging = path.with_name(path.name + ".tmp")
+    staging.write_text(figure, encoding="utf-8")
+    staging.replace(path)
+
+
+# --- report.md ----------------------------------------------------------------------------------------------
+
+def curve_summary(rows: list[dict[str, Any]], keys: list[str]) -> list[list[str]]:
+    out = []
+    for key in keys:
+        _, ys = series(rows, key)
+        if ys:
+            out.append([key, format_value(ys[0]), format_value(ys[-1]), format_value(min(ys)), format_value(max(ys))])
+    return out
+
+
+def format_value(value: float) -> str:
+    return f"{value:.4g}" if value == 0 or 1e-3 <= abs(value) < 1e5 else f"{value:.3e}"
+
+
+def message_text(value: Any, limit: int = 160) -> str:
+    if isinstance(value, list) and value and isinstance(value[-1], dict):
+        value = value[-1].get("content", "")
+    text = " ".join(str(value).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def write_report(run_dir: Path) -> Path:
+    """Write `<run_dir>/report.md` and `<run_dir>/plots/*.svg`; returns the report's path."""
+    run = load_run(Path(run_dir))
+    plots = RunDir(run.run_dir).plots
+    plots.mkdir(exist_ok=True)
+    recipe = run.lock.get("recipe", {})
+    versions = run.lock.get("versions", {})
+    lines = [f"# Run report: {run.name}", ""]
+    if recipe.get("description"):
+        lines += [str(recipe["description"]), ""]
+    model = recipe.get("model", {})
+    lines += [f"- run directory: `{run.run_dir}`",
+              f"- recipe: `{run.lock.get('source', '?')}`, seed {run.lock.get('seed', '?')}, created "
+              f"{run.lock.get('created', '?')}",
+              f"- model: `{model.get('name', '?')}` (max_seq_length {model.get('max_seq_length', '?')}, 4-bit "
+              f"{model.get('load_in_4bit', '?')}, dtype {model.get('dtype', '?')})",
+              f"- platform: {run.lock.get('platform', '?')}; " +
+              ", ".join(f"{k} {v}" for k, v in versions.items() if v != "not installed"), ""]
+
+    lines += ["## Stages", ""]
+    rows = [[str(s.index), s.name, s.type, s.status, format_seconds((s.done or {}).get("seconds")),
+             str((s.done or {}).get("headline", ""))] for s in run.stages]
+    lines += [markdown_table(["#", "stage", "type", "status", "seconds", "result"], rows), ""]
+
+    evals = [(s.stage, s.done) for s in run.evals()]
+    if evals:
+        header, table = before_after(evals)
+        lines += ["## Evaluation (held-out)", "", markdown_table(header, table), ""]
+        svg = plots / "eval.svg"
+        drawn = all(up_to_date(svg, s.directory) for s in run.evals())
+        if not drawn:
+            figure = eval_figure(evals)
+            if figure is not None:
+                save_figure(figure, svg)
+                drawn = True
+        if drawn:
+            lines += [f"![held-out evaluation]({plots.name}/eval.svg)", ""]
+
+    for record in run.stages:
+        lines += [f"## Stage {record.index}: {record.name} ({record.type})", ""]
+        if record.status != "done":
+            lines += [f"Status: {record.status}.", ""]
+        if (record.done or {}).get("resumed"):
+            lines += [f"Interrupted and {record.done['resumed']}.", ""]
+        if stage_types.specs().get(record.type) is not None and stage_types.spec(record.type).evaluates:
+            lines += eval_section(record)
+            continue
+        svg = plots / f"{record.name}.svg"
+        drawn = up_to_date(svg, record.directory)  # by an earlier `kit run` from the same files: keep it
+        if not drawn:
+            figure = stage_figure(f"stage {record.index}: {record.name} ({record.type})", record.type,
+                                  record.metrics)
+            if figure is not None:
+                save_figure(figure, svg)
+                drawn = True
+        if drawn:
+            lines += [f"![{record.name} training curves]({plots.name}/{record.name}.svg)", ""]
+            keys = [k for _, _, ks in stage_panels(record.type, record.metrics) for k in ks]
+            lines += [markdown_table(["metric", "first", "last", "min", "max"], curve_summary(record.metrics, keys)),
+                      ""]
+        elif record.status == "done":
+            lines += ["No metrics were logged.", ""]
+        lines += ["Alarms: " + ("none." if not record.alarms else ""), ""]
+        lines += [f"- step {a.get('step')}: **{a.get('code')}**: {a.get('message')}" for a in record.alarms]
+        if record.alarms:
+            lines.append("")
+        if record.completions:
+            last_step = record.completions[-1].get("step")
+            recent = [c for c in record.completions if c.get("step") == last_step]
+            lines += [f"Recent completions (step {last_step}):", "",
+                      markdown_table(["reward", "prompt", "completion"],
+                                     [[format_score(c.get("reward", sum(v for v in (c.get("rewards") or {}).values()
+                                                                         if isinstance(v, (int, float))))),
+                                       message_text(c.get("prompt", ""), 80), message_text(c.get("completion", ""))]
+                                      for c in recent]), ""]
+    path = RunDir(run.run_dir).report
+    path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    return path
+
+
+def eval_section(record: StageRecord, shown: int = 5) -> list[str]:
+    lines = []
+    if record.done:
+        lines += [f"Model: {record.stage.get('init') or 'base'}; {record.done.get('headline', '')}", ""]
+    samples = read_jsonl(StageDir(record.directory).samples)[:shown]
+    if samples:
+        header = ["prompt", "completion"] + (["answer", "correct"] if "answer" in samples[0] else []) + \
+            (["reward"] if "reward" in samples[0] else [])
+        rows = []
+        for s in samples:
+            row = [message_text(s.get("prompt"), 80), message_text(s.get("completion"))]
+            if "answer" in s:
+                row += [message_text(s["answer"]), "yes" if s.get("correct") else "no"]
+            if "reward" in s:
+                row.append(format_score(s["reward"]))
+            rows.append(row)
+        lines += [markdown_table(header, rows), ""]
+    return lines

@@ -1,0 +1,2 @@
+"""What a recipe is: loading and overrides, the typed schema, the stage-type registry, the TRL config fields, the
+editor schema, the context a stage runs with. Imports models/ (facts of a model name), data/ and the ground."""

@@ -1,0 +1,71 @@
+"""The recipe's JSON Schema, generated from the same pydantic models that validate it (kitcli/recipe/schema.py),
+with each stage type's `train:` fields (kitcli/recipe/config_fields.py): `kit recipes schema` prints it for an
+editor's YAML language server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kitcli.recipe.schema import StageSpec, recipe_model
+
+
+def json_schema(specs: dict[str, StageSpec]) -> dict[str, Any]:
+    """The JSON Schema of a recipe, `train:` fields included per stage type: point a YAML language server at it
+    and an editor flags an unknown key, a wrong type or a value out of range while you type."""
+    schema = recipe_model(specs).model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "kit recipe"
+    definitions = schema.get("$defs", {})
+    for name in ("ModelSpec", "DataSpec", "RewardSpec", "RewardModelSpec"):  # each also takes a plain string
+        if name in definitions:
+            definitions[name] = {"anyOf": [{"type": "string"}, definitions[name]]}
+    if "LoraSpec" in definitions:  # `lora: false` (or none): full fine-tuning
+        definitions["LoraSpec"] = {"anyOf": [{"const": False}, {"const": "none"}, definitions["LoraSpec"]]}
+    for spec in specs.values():
+        section = definitions.get(spec.section.__name__)
+        if section is None or "train" not in section.get("properties", {}) or spec.section.config is None:
+            continue
+        section["properties"]["train"] = train_schema(spec.section.config, spec.section.reserved,
+                                                      section["properties"]["train"].get("description", ""))
+    return schema
+
+
+def train_schema(config: str, reserved: dict[str, str], description: str) -> dict[str, Any]:
+    from kitcli.recipe.config_fields import config_fields, field_range, field_type
+
+    properties = {}
+    for name, found in config_fields(config).items():
+        if name in reserved:
+            continue
+        entry = type_schema(field_type(config, name))
+        bounds = field_range(config, name)
+        if bounds is not None and entry.get("type") in ("integer", "number"):
+            entry.update(range_schema(bounds))
+        if found.help:
+            entry["description"] = found.help
+        properties[name] = entry
+    return {"type": "object", "additionalProperties": False, "properties": properties,
+            "description": f"{description} ({config})"}
+
+
+def type_schema(spec) -> dict[str, Any]:
+    simple = {"int": "integer", "float": "number", "bool": "boolean", "str": "string", "none": "null",
+              "dict": "object"}
+    if spec.kind in simple:
+        return {"type": simple[spec.kind]}
+    if spec.kind == "list":
+        return {"type": "array", "items": type_schema(spec.items[0])}
+    if spec.kind == "choice":
+        return {"enum": list(spec.items)}
+    if spec.kind == "union":
+        return {"anyOf": [type_schema(part) for part in spec.items]}
+    return {}
+
+
+def range_schema(bounds) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if bounds.low is not None and not bounds.also:
+        out["exclusiveMinimum" if bounds.low_open else "minimum"] = bounds.low
+    if bounds.high is not None:
+        out["exclusiveMaximum" if bounds.high_open else "maximum"] = bounds.high
+    return out

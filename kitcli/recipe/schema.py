@@ -1,0 +1,432 @@
+"""The recipe's typed model (pydantic): what every key is, its type and range, and what a stage type is.
+
+Sections shared by every recipe live here (`ModelSpec`, `LoraSpec`, `DataSpec`, `RewardSpec`, `RewardModelSpec`,
+`GenerationSpec`); each stage type declares its own section model and its `StageSpec` in its module
+(`kitcli/stages/<type>.py`), and `kitcli/recipe/stage_types.py` collects them. `validate_recipe` checks a whole recipe,
+`--set` overrides included, before anything heavy is imported: unknown keys (with a "did you mean"), types,
+ranges, the `train:` block against the stage's trainer config (kitcli/recipe/config_fields.py), and the rules between
+stages (`init:` and `reward_model:` name earlier stages of a type they can use). A fault is one line that names the
+file, the key and what was expected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from kitcli.errors import KitError, did_you_mean
+
+DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+RESERVED_TRAIN = {"output_dir": "checkpoints go to the stage folder", "seed": "set the recipe's top-level seed"}
+
+
+def fail(message: str, where: str | None = None) -> PydanticCustomError:
+    """A fault with the kit's own one-line message (`where` replaces the key path the error is found at)."""
+    return PydanticCustomError("kit", "{message}", {"message": message, "where": where})
+
+
+class Section(BaseModel):
+    """Every recipe mapping: unknown keys are errors, values keep their YAML type (no '1' -> 1)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# --- paths -------------------------------------------------------------------------------------------------------
+
+def looks_like_path(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or name.endswith(("/",))
+
+
+def kit_source_root() -> Path:
+    """The checkout the kit runs from (holds `examples/`), for recipe paths like examples/data/x.jsonl."""
+    return Path(__file__).resolve().parents[2]
+
+
+def base_dir_of(info: ValidationInfo) -> Path:
+    return Path((info.context or {}).get("base_dir") or Path.cwd())
+
+
+def resolve_model_name(name: str, base_dir: Path) -> str:
+    """`tiny`, a named model (`smollm2-135m`), a hub id (`org/name`), a local directory or GGUF file (made
+    absolute). A GGUF file (or a directory holding one) and a named model are checked here: present, readable,
+    of an architecture and tensor types the kit can load."""
+    from kitcli.models import gguf
+
+    if name == "tiny":
+        return name
+    try:
+        if name in gguf.NAMED_MODELS:
+            gguf.inspect_gguf(gguf.require_named_model(name, "model"), f"model {name}")
+            return name
+        for candidate in (Path(name).expanduser(), base_dir / name):
+            if candidate.is_dir():
+                inside = gguf.gguf_in(candidate)
+                if inside is not None:
+                    gguf.inspect_gguf(inside)
+                return str(candidate.resolve())
+            if gguf.is_gguf_name(name) and candidate.is_file():
+                gguf.inspect_gguf(candidate)
+                return str(candidate.resolve())
+    except KitError as error:
+        raise fail(str(error), where="") from None
+    if looks_like_path(name) or gguf.is_gguf_name(name) or Path(name).expanduser().exists():
+        raise fail(f"model path '{name}' does not exist; give an existing directory with config.json or a .gguf "
+                   f"file, a hub name like 'unsloth/Qwen3-4B', 'smollm2-135m' or 'tiny'", where="")
+    return name
+
+
+def resolve_data_path(path: str, base_dir: Path) -> str:
+    """A local file (relative to the recipe, the working directory or the kit's checkout), or a hub dataset id."""
+    candidate = Path(path).expanduser()
+    if candidate.is_absolute():
+        if candidate.is_file():
+            return str(candidate)
+    else:
+        for root in (base_dir, Path.cwd(), kit_source_root()):
+            if (root / candidate).is_file():
+                return str((root / candidate).resolve())
+    if candidate.suffix.lower() in DATA_SUFFIXES or looks_like_path(path) or candidate.exists():
+        raise fail(f"dataset file '{path}' does not exist (looked relative to {base_dir} and the working directory); "
+                   f"give an existing JSONL, JSON, CSV or Parquet file")
+    return path  # a hub dataset name, loaded with datasets.load_dataset when online
+
+
+# --- sections ----------------------------------------------------------------------------------------------------
+
+class ModelSpec(Section):
+    """The base model every stage starts from."""
+
+    name: str = Field(description="A hub name (org/model), a local model directory or .gguf file, `smollm2-135m` (a "
+                                  "real 135M instruct model, installed offline) or `tiny` (the embedded model).")
+    max_seq_length: Annotated[int, Field(gt=0)] = Field(1024, description="Longest sequence in tokens.")
+    load_in_4bit: bool | None = Field(None, description="Load the base in 4-bit (QLoRA). Unset: 4-bit on a GPU, "
+                                                        "16-bit on a CPU (where it trains faster).")
+    backend: Literal["auto", "unsloth", "transformers"] = Field("auto", description="Who loads the model.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Weight dtype.")
+    trust_remote_code: bool = Field(False, description="Run the model repository's own Python code.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def shorthand(cls, raw: Any) -> Any:
+        return {"name": raw} if isinstance(raw, str) else raw
+
+    @field_validator("name", mode="after")
+    @classmethod
+    def resolve(cls, name: str, info: ValidationInfo) -> str:
+        return resolve_model_name(name, base_dir_of(info))
+
+
+class LoraSpec(Section):
+    """The LoRA adapter every stage trains (`lora: false`: full fine-tuning)."""
+
+    r: Annotated[int, Field(gt=0)] = Field(16, description="Rank.")
+    alpha: Annotated[float, Field(gt=0)] = Field(32, description="Scaling numerator (alpha / r).")
+    dropout: Annotated[float, Field(ge=0, lt=1)] = Field(0.0, description="LoRA dropout.")
+    target_modules: list[str] | str = Field(default_factory=lambda: list(DEFAULT_TARGETS),
+                                            description="Module names to adapt, or 'all-linear'.")
+
+
+class DataSpec(Section):
+    """A dataset: a local JSONL / JSON / CSV / Parquet file, or a hub dataset name."""
+
+    path: str = Field(description="File (relative to the recipe, the working directory or the kit) or hub name.")
+    split: str = Field("train", description="Hub dataset split.")
+    columns: dict[str, str] = Field(default_factory=dict, description="Renames: {its_column: the_stage_column}.")
+    limit: Annotated[int, Field(gt=0)] | None = Field(None, description="Use only the first N rows.")
+    config: str | None = Field(None, description="Hub dataset configuration.")
+    chat: bool = Field(False, description="Turn plain-string prompt / completion / chosen / rejected columns into "
+                                          "TRL's conversational format (user and assistant turns), so an instruct "
+                                          "model's chat template formats them.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def shorthand(cls, raw: Any) -> Any:
+        if isinstance(raw, str):
+            return {"path": raw}
+        if isinstance(raw, dict) and "columns" in raw and raw["columns"] is not None \
+                and not isinstance(raw["columns"], dict):
+            raise fail("columns must map dataset columns to the names the stage expects, e.g. {question: prompt}")
+        if isinstance(raw, dict) and raw.get("columns") is None:
+            raw = {**raw, "columns": {}}
+        return raw
+
+    @field_validator("path", mode="after")
+    @classmethod
+    def resolve(cls, path: str, info: ValidationInfo) -> str:
+        return resolve_data_path(path, base_dir_of(info))
+
+
+class RewardSpec(Section):
+    """A reward function: a built-in name, `module:function`, or `path/to/file.py:function`."""
+
+    name: str = Field(description="Which reward (`kit rewards list`).")
+    args: dict[str, Any] = Field(default_factory=dict, description="A factory's arguments.")
+    weight: float = Field(1.0, description="Its weight in the total reward.")
+    on_error: Literal["raise", "skip"] = Field("raise", description="skip: score a failing sample None.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def shorthand(cls, raw: Any) -> Any:
+        return {"name": raw} if isinstance(raw, str) else raw
+
+
+class RewardModelSpec(Section):
+    """A learned reward model: an earlier reward stage of this recipe, or a saved sequence-classification model."""
+
+    stage: str | None = Field(None, description="An earlier stage of type reward.")
+    path: str | None = Field(None, description="A directory with a sequence-classification model (one output).")
+    weight: float = Field(1.0, description="Its weight in the total reward.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def shorthand(cls, raw: Any) -> Any:
+        if isinstance(raw, str):
+            return {"path": raw} if ("/" in raw or raw.startswith((".", "~"))) else {"stage": raw}
+        return raw
+
+    @model_validator(mode="after")
+    def one_source(self, info: ValidationInfo) -> RewardModelSpec:
+        if (self.stage is None) == (self.path is None):
+            raise fail("reward_model is a reward stage name, or a mapping with 'stage' (or 'path' to a "
+                       "sequence-classification model directory) and optional 'weight'")
+        if self.path is not None:
+            path = Path(self.path).expanduser()
+            path = path if path.is_absolute() else base_dir_of(info) / path
+            if not (path / "config.json").is_file():
+                raise fail(f"reward_model path '{self.path}' is not a model directory (no config.json in {path}); "
+                           f"give a saved AutoModelForSequenceClassification or a reward stage name")
+            self.path = str(path.resolve())
+        return self
+
+
+class GenerationSpec(Section):
+    """How an eval stage generates."""
+
+    max_new_tokens: Annotated[int, Field(gt=0)] = Field(32, description="Most new tokens per completion.")
+    batch_size: Annotated[int, Field(gt=0)] = Field(32, description="Prompts per generation batch.")
+    temperature: Annotated[float, Field(ge=0)] = Field(0.0, description="0: greedy.")
+    n: Annotated[int, Field(gt=0)] = Field(1, description="Samples per prompt (pass@k for k <= n).")
+    show: Annotated[int, Field(ge=0)] = Field(3, description="Scored samples to print.")
+
+    @model_validator(mode="after")
+    def sampling(self) -> GenerationSpec:
+        if self.n > 1 and self.temperature == 0:
+            raise fail(f"generation.n is {self.n} but temperature is 0, so every sample would be the same greedy "
+                       f"completion; set generation.temperature (e.g. 0.8) or n: 1")
+        return self
+
+
+# --- stages ------------------------------------------------------------------------------------------------------
+
+class StageSection(Section):
+    """Keys every stage has. A stage type's section model subclasses it and sets `type` to its name."""
+
+    name: str | None = Field(None, description="The stage's name (its folder in the run directory).")
+    init: str | None = Field(None, description="An earlier stage whose output this stage starts from.")
+    config: ClassVar[str | None] = None  # the trainer config class its `train:` block sets
+
+
+class TrainingSection(StageSection):
+    """A stage that trains: its data and its trainer config's fields."""
+
+    data: DataSpec = Field(description="The training data.")
+    train: dict[str, Any] = Field(default_factory=dict, description="Fields of the stage's trainer config.")
+    reserved: ClassVar[dict[str, str]] = RESERVED_TRAIN
+
+    @field_validator("train", mode="before")
+    @classmethod
+    def mapping(cls, raw: Any) -> Any:
+        if raw is None:
+            return {}
+        if not isinstance(raw, dict):
+            raise fail("'train' must be a mapping of TRL config fields")
+        return raw
+
+    @field_validator("train", mode="after")
+    @classmethod
+    def fields_and_values(cls, train: dict[str, Any]) -> dict[str, Any]:
+        check_train(cls.config, train, cls.reserved)
+        return train
+
+
+def check_train(config: str | None, train: dict[str, Any], reserved: dict[str, str]) -> None:
+    """Every `train:` key is a field of the stage's config, of the right type and in the kit's range."""
+    if config is None:
+        return
+    from kitcli.recipe.config_fields import check_value, config_fields
+
+    names = config_fields(config)
+    for key, value in train.items():
+        if key in reserved:
+            raise fail(f"train.{key} is set by the kit ({reserved[key]}); remove it")
+        if key not in names:
+            raise fail(f"train.{key} is not a {config} field{did_you_mean(key, names)}")
+        expected = check_value(config, key, value)
+        if expected is not None:
+            raise fail(f"{config} rejected the train settings: train.{key} must be {expected}, got {value!r}")
+
+
+class RewardedSection(TrainingSection):
+    """A stage that samples completions and scores them: reward functions and/or a learned reward model."""
+
+    rewards: list[RewardSpec] = Field(default_factory=list, description="Reward functions and their weights.")
+    reward_model: RewardModelSpec | None = Field(None, description="A reward stage (or model directory) scoring "
+                                                                    "each completion.")
+    system_prompt: str | None = Field(None, description="A system message put before every prompt.")
+
+    @field_validator("rewards", mode="before")
+    @classmethod
+    def reward_list(cls, raw: Any) -> Any:
+        if raw is None:
+            return []
+        if not isinstance(raw, list):
+            raise fail("'rewards' must be a list of reward names or mappings")
+        return raw
+
+    @model_validator(mode="after")
+    def some_reward(self):
+        if not self.rewards and self.reward_model is None:
+            raise fail(f"no rewards; {self.type.upper()} needs a reward: list reward functions under rewards: "
+                       f"(e.g. - exact_match) and/or name a reward stage with reward_model:")
+        return self
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What a stage type is, declared once in its module and read by every other module."""
+
+    type: str
+    module: str  # the module with describe(ctx) -> dict and run(ctx) -> summary
+    section: type[StageSection]  # its recipe keys, their types and ranges
+    summary: str  # one line: what it runs
+    output: Literal["policy", "scorer", "none"]  # what a later stage's init: / reward_model: can use
+    init_from: tuple[str, ...] = ("policy",)  # the outputs it may start from
+    trainer: str | None = None  # the kitcli.training.trainers kind it builds (None: its own loop, or no training)
+    metrics: tuple[tuple[str, str], ...] = ()  # (logged key, dashboard label); `*` matches part of a key
+    panels: tuple[tuple[str, str, tuple[str, ...]], ...] = ()  # report figures: (title, y label, keys)
+    rl: bool = False  # samples completions while training (dashboard samples, RL alarms)
+    evaluates: bool = False  # scores a model (its DONE holds the scores the before/after table shows)
+    launcher: str | None = None  # how it runs under `kit run --launcher`; None: it does not
+    launcher_refusal: str = ""  # why not
+    memory_settings: tuple[str, ...] = ()  # train: fields that decide its memory (named on out-of-memory)
+    defaults: Callable[..., dict[str, Any]] | None = None  # its config defaults: (StageContext, on_gpu=None) -> dict
+    rows: Callable[[Any], list[dict[str, Any]]] | None = None  # its prompts as it reads them (RL stages)
+    checkpoint_files: tuple[str, ...] = ()  # what its own checkpoints hold (trainer stages: transformers' set)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# --- the whole recipe ---------------------------------------------------------------------------------------------
+
+def stage_name(stage: Any, index: int) -> str:
+    if isinstance(stage, dict):
+        return str(stage.get("name") or stage.get("type") or f"stages[{index}]")
+    return f"stages[{index}]"
+
+
+def recipe_model(specs: dict[str, StageSpec]) -> type[BaseModel]:
+    """The pydantic model of a recipe whose stages are these types (a union discriminated by `type`)."""
+    from typing import Union
+
+    sections = tuple(spec.section for spec in specs.values())
+    Stage = Annotated[Union[sections], Field(discriminator="type")]  # noqa: UP007  (a runtime-built union)
+
+    class Recipe(Section):
+        """A recipe: a model, LoRA settings and the stages to run in order."""
+
+        name: str | None = Field(None, description="The run's name (default: the file's name).")
+        description: str = Field("", description="One line about the recipe.")
+        seed: Annotated[int, Field(ge=0)] = Field(42, description="Seeds the model build, data order and sampling.")
+        model: ModelSpec = Field(description="The base model.")
+        lora: LoraSpec | None = Field(default_factory=LoraSpec, description="LoRA settings, or false for full "
+                                                                             "fine-tuning.")
+        stages: list[Stage] = Field(description="The stages, run in order.")
+
+        @model_validator(mode="before")
+        @classmethod
+        def structure(cls, raw: Any) -> Any:
+            if not isinstance(raw, dict):
+                raise fail("a recipe must be a YAML mapping with 'name', 'model' and 'stages'", where="")
+            raw = dict(raw)
+            if raw.get("model") is None:
+                raise fail("'model' is missing; give a hub name, a local directory, or 'tiny'", where="")
+            model = raw["model"]
+            if not isinstance(model, (str, dict)) or (isinstance(model, dict) and "name" not in model):
+                raise fail("'model' must be a name or a mapping with 'name' (and optional "
+                           f"{', '.join(sorted(set(ModelSpec.model_fields) - {'name'}))})", where="")
+            lora = raw.get("lora", {})
+            if lora is False or lora == "none":
+                raw["lora"] = None
+            elif lora is None:
+                raw["lora"] = {}
+            elif not isinstance(lora, dict):
+                raise fail(f"expected a mapping with {', '.join(sorted(LoraSpec.model_fields))}, or false for full "
+                           f"fine-tuning", where="lora")
+            stages = raw.get("stages")
+            if not isinstance(stages, list) or not stages:
+                raise fail("'stages' must be a non-empty list of stages, each with a 'name' and a 'type'", where="")
+            for index, stage in enumerate(stages):
+                where = f"stages[{index}]"
+                if not isinstance(stage, dict):
+                    raise fail("each stage must be a mapping with 'name' and 'type'", where=where)
+                if stage.get("type") is None:
+                    raise fail(f"'type' is missing; one of {', '.join(specs)}", where=where)
+                if not isinstance(stage["type"], str):
+                    raise fail(f"'type' must be a stage type's name, one of {', '.join(specs)}; got "
+                               f"{stage['type']!r}", where=where)
+                if stage["type"] not in specs:
+                    raise fail(f"unknown stage type '{stage['type']}'{did_you_mean(str(stage['type']), specs)} "
+                               f"(available: {', '.join(specs)})", where=where)
+            return raw
+
+        @model_validator(mode="after")
+        def between_stages(self) -> Recipe:
+            check_stage_references(self.stages, specs)
+            return self
+
+    return Recipe
+
+
+def check_stage_references(stages: list[StageSection], specs: dict[str, StageSpec]) -> None:
+    """Stage names are unique folder names; `init:` names an earlier stage whose output the stage can start from;
+    `reward_model: {stage}` an earlier stage whose output is a scorer."""
+    earlier: dict[str, str] = {}
+    for stage in stages:
+        name = stage.name or stage.type
+        where = f"stage '{name}'"
+        if name in earlier:
+            raise fail("the name is used by an earlier stage; stage names must be unique", where=where)
+        if "/" in name or name.startswith("."):
+            raise fail("a stage name becomes a folder name; use letters, digits, '-' and '_'", where=where)
+        spec = specs[stage.type]
+        if stage.init is not None:
+            if stage.init not in earlier:
+                later = f"; it must name an earlier stage ({', '.join(earlier) or 'there is none'})"
+                raise fail(f"init '{stage.init}' is not an earlier stage{did_you_mean(stage.init, earlier)}{later}",
+                           where=where)
+            source = specs[earlier[stage.init]]
+            if source.output == "none":
+                raise fail(f"init '{stage.init}' is an {source.type} stage, which saves no model; name a training "
+                           f"stage", where=where)
+            if source.output not in spec.init_from:
+                allowed = [t for t, s in specs.items() if s.output in spec.init_from]
+                extra = " (a reward model goes in reward_model:)" if source.output == "scorer" else ""
+                raise fail(f"init '{stage.init}' is a {source.type} stage, whose output is a {source.output}; a "
+                           f"{stage.type} stage starts from a {' or '.join(spec.init_from)}: name an earlier "
+                           f"{'/'.join(allowed)} stage{extra}", where=where)
+        reward_model = getattr(stage, "reward_model", None)
+        if reward_model is not None and reward_model.stage is not None:
+            if reward_model.stage not in earlier:
+                raise fail(f"reward_model '{reward_model.stage}' is not an earlier stage"
+                           f"{did_you_mean(reward_model.stage, earlier)}; name a reward stage that runs before this "
+                           f"one", where=where)
+            source = specs[earlier[reward_model.stage]]
+            if source.output != "scorer":
+                raise fail(f"reward_model '{reward_model.stage}' is a {source.type} stage; name an earlier stage of "
+                           f"type reward (a policy to start from goes in init:)", where=where)
+        earlier[name] = stage.type

@@ -1,0 +1,423 @@
+"""Run a recipe: a run directory with a lock file and one folder per stage; finished stages are skipped,
+an interrupted stage resumes from its last checkpoint, `--force` redoes.
+
+Layout of a run directory:
+    recipe.lock.yaml        resolved recipe, package versions, seed, dataset fingerprints
+    <stage>/config.json     the effective TRL config of the stage
+    <stage>/metrics.jsonl   one JSON object per logging step
+    <stage>/checkpoints/    trainer checkpoints (for resuming)
+    <stage>/adapter/        the LoRA adapter (PEFT format) and tokenizer; `model/` for full fine-tuning
+    <stage>/DONE            completion marker: summary metrics and wall time
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+import shutil
+import sys
+import time
+from datetime import datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from kitcli import __version__, dist, libraries
+from kitcli.data.rows import fingerprint
+from kitcli.display.dashboard import emit_json, stage_display
+from kitcli.errors import KitError
+from kitcli.recipe import stage_types
+from kitcli.recipe.load import Recipe
+from kitcli.recipe.stage_context import StageContext
+from kitcli.rundir import RunDir, redact
+from kitcli.training import interrupt
+
+PACKAGES = ("torch", "transformers", "trl", "peft", "unsloth", "unsloth_zoo", "bitsandbytes", "datasets",
+            "accelerate")
+
+
+def stage_module(stage_type: str):
+    return stage_types.module(stage_type)
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"kit": __version__, "python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name.replace("_", "-"))
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def dataset_fingerprints(recipe: Recipe) -> dict[str, str]:
+    prints = {}
+    for stage in recipe.stages:
+        for key in ("data", "eval_data"):
+            if key in stage:
+                prints[f"{stage['name']}.{key}"] = fingerprint(stage[key])
+    return prints
+
+
+def make_lock(recipe: Recipe) -> dict[str, Any]:
+    return {
+        "recipe": redact(recipe.data),
+        "source": recipe.source,
+        "seed": recipe.data["seed"],
+        "datasets": dataset_fingerprints(recipe),
+        "model_file": model_file_fingerprint(recipe.data["model"]["name"]),
+        "versions": package_versions(),
+        "platform": f"{platform.system()} {platform.machine()}",
+        "created": datetime.now().isoformat(timespec="seconds"),
+    }
+
+
+def model_file_fingerprint(name: str) -> dict[str, str] | None:
+    """The GGUF file a run's model comes from, with its sha256 (None for other models)."""
+    from kitcli.models import gguf
+
+    source = None if name == "tiny" else gguf.source_file(name)
+    return None if source is None else {"path": str(source), "sha256": gguf.file_sha256(source)}
+
+
+def first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b), key=str):
+            if (key not in a and not b[key]) or (key not in b and not a[key]):
+                continue  # a key a newer kit added with an empty default (e.g. data.chat: false) changes nothing
+            found = first_difference(a.get(key), b.get(key), f"{prefix}.{key}" if prefix else str(key))
+            if found:
+                return found
+        return None
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            found = first_difference(x, y, f"{prefix}[{i}]")
+            if found:
+                return found
+        return None
+    return None if a == b else (prefix or "recipe")
+
+
+def same_run(lock: dict[str, Any], fresh: dict[str, Any]) -> str | None:
+    """None when `lock` describes the same recipe and data as `fresh`, else the first key that differs."""
+    return first_difference({"recipe": lock.get("recipe"), "datasets": lock.get("datasets"),
+                             "model_file": lock.get("model_file")},
+                            {"recipe": fresh["recipe"], "datasets": fresh["datasets"],
+                             "model_file": fresh.get("model_file")})
+
+
+def choose_run_dir(recipe: Recipe, output: str | None, lock: dict[str, Any]) -> Path:
+    """`--output`, else the newest runs/<name>-* holding the same recipe (so re-running resumes), else a new one."""
+    if output:
+        return Path(output)
+    runs = Path("runs")
+    pattern = re.compile(re.escape(recipe.name) + r"-\d{8}-\d{6}$")
+    if runs.is_dir():
+        for candidate in sorted((p for p in runs.iterdir() if pattern.match(p.name)), reverse=True):
+            existing = RunDir(candidate).read_lock()
+            if existing and same_run(existing, lock) is None:
+                return candidate
+    return runs / f"{recipe.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def resumed_note(checkpoint: str, stage_type: str) -> str:
+    """What a resumed stage restored, for its DONE summary and the report."""
+    restored = ("the policy and critic adapters, the value head, the optimizer, the scheduler, the KL coefficient "
+                "and the RNG states (the data position follows from the step)") if stage_type == "ppo" else \
+        "every adapter's weights, the optimizer, the scheduler, the RNG states and the data position"
+    return f"resumed from {checkpoint} (step {checkpoint.rsplit('-', 1)[-1]}): restored {restored}"
+
+
+def same_resolution(existing: dict[str, Any], lock: dict[str, Any]) -> bool:
+    """The existing lock already records this run (recipe, data, resolved stages, versions): leave it as it is."""
+    return all(existing.get(key) == lock.get(key) for key in ("recipe", "datasets", "resolved", "versions"))
+
+
+def check_resumable_stages(recipe: Recipe, run_dir: Path, existing: dict[str, Any], lock: dict[str, Any],
+                           console: Console) -> None:
+    """Before anything runs: every unfinished stage with a checkpoint must be able to resume it faithfully (whole
+    files, the settings and LoRA shapes it was written with)."""
+    from kitcli.training.checkpoints import (
+        VOLATILE_SETTINGS,
+        check_files,
+        check_lora_shape,
+        last_checkpoint,
+        required_files,
+        stage_lora,
+        way_out,
+    )
+
+    def without_volatile(tree: Any) -> Any:
+        if isinstance(tree, dict):
+            return {k: without_volatile(v) for k, v in tree.items() if k not in VOLATILE_SETTINGS}
+        return tree
+
+    outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
+    for stage in recipe.stages:
+        ctx = StageContext(recipe, stage, run_dir, console, outputs)
+        checkpoint = last_checkpoint(ctx.stage_dir)
+        if checkpoint is None or ctx.dir.done() is not None:
+            continue
+        check_files(checkpoint, required_files(stage["type"], checkpoint))
+        before = without_volatile((existing.get("resolved") or {}).get(ctx.name))
+        now = without_volatile(lock["resolved"][ctx.name])
+        differs = first_difference(before, now) if before is not None else None
+        if differs:
+            raise KitError(f"{ctx.where}: {checkpoint.name} was written with other settings ({differs} was "
+                           f"{lookup(before, differs)!r}, now {lookup(now, differs)!r}), so resuming would not "
+                           f"continue the same run; {way_out(ctx.stage_dir, checkpoint)}")
+        check_lora_shape(checkpoint, stage_lora(ctx), ctx.where)
+
+
+def lookup(tree: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
+def preflight(recipe: Recipe, run_dir: Path, console: Console) -> list[dict[str, Any]]:
+    """Validate every stage (data, columns, TRL config fields) before anything trains; returns the
+    resolved configuration of each stage. No model is loaded."""
+    outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
+    return [stage_module(stage["type"]).describe(StageContext(recipe, stage, run_dir, console, outputs))
+            for stage in recipe.stages]
+
+
+def dry_run(recipe: Recipe, console: Console) -> None:
+    """Print every stage's resolved configuration (the TRL config values after the kit's defaults)."""
+    described = preflight(recipe, Path("runs") / f"{recipe.name}-DRYRUN", console)
+    header = {k: recipe.data[k] for k in ("name", "seed", "model", "lora")}
+    console.print(yaml.safe_dump(header, sort_keys=False).rstrip(), highlight=False, markup=False)
+    for index, (stage, resolved) in enumerate(zip(recipe.stages, described), start=1):
+        console.print(f"\n# stage {index}/{len(recipe.stages)}: {stage['name']} ({stage['type']})",
+                      highlight=False, markup=False)
+        console.print(yaml.safe_dump(resolved, sort_keys=False, default_flow_style=None).rstrip(),
+                      highlight=False, markup=False)
+        example = formatted_example(recipe, stage)
+        if example:  # as YAML comments, so the dry run's output stays YAML
+            lines = "\n".join(f"#   {line}" for line in example.splitlines())
+            console.print(f"# row 1 as the model sees it:\n{lines}", highlight=False, markup=False, soft_wrap=True)
+
+
+def formatted_example(recipe: Recipe, stage: dict[str, Any]) -> str | None:
+    """The first row of a stage's data as its model will read it: after `chat:` and `system_prompt`, rendered with
+    the model's chat template when the tokenizer is on disk (the tiny model, a local directory, a converted GGUF);
+    otherwise the conversation itself. None for data the kit cannot read here (a hub dataset offline)."""
+    from kitcli.data.rows import apply_system_prompt, read_rows
+
+    spec = stage.get("data")
+    if not isinstance(spec, dict) or not Path(spec["path"]).is_file():
+        return None
+    row = read_rows({**spec, "limit": 1}, stage["name"])[0]
+    if stage["type"] == "kto" and "chosen" in row and "completion" not in row:
+        row = {"prompt": row["prompt"], "completion": row["chosen"], "label": True}
+    kind = stage_types.spec(stage["type"])
+    generates = kind.rl or kind.evaluates  # the model sees the prompt only and writes the rest itself
+    keys = [k for k in (("prompt",) if generates else ("prompt", "completion", "chosen", "rejected", "messages",
+                                                         "text")) if k in row]
+    row = apply_system_prompt([{k: row[k] for k in keys}], stage.get("system_prompt"), stage["name"], spec["path"])[0]
+    tokenizer = local_tokenizer(recipe.data["model"]["name"])
+    if tokenizer is None or getattr(tokenizer, "chat_template", None) is None:
+        return yaml.safe_dump(row, sort_keys=False, allow_unicode=True).rstrip()
+    parts = []
+    if isinstance(row.get("messages"), list):
+        parts.append(tokenizer.apply_chat_template(row["messages"], tokenize=False))
+    elif "prompt" in row:
+        prompt = row["prompt"]
+        text = (tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+                if isinstance(prompt, list) else prompt)
+        reply = row.get("completion", row.get("chosen"))
+        if reply is not None:
+            text += reply[0]["content"] if isinstance(reply, list) else reply
+        parts.append(text)
+    else:
+        return yaml.safe_dump(row, sort_keys=False, allow_unicode=True).rstrip()
+    return "\n".join(parts).rstrip()
+
+
+def local_tokenizer(name: str):
+    """The model's tokenizer if it is on disk without converting or downloading anything, else None."""
+    from kitcli.models import gguf
+
+    if name == "tiny":
+        from kitcli.models.tiny import ensure_tiny_model
+
+        folder = ensure_tiny_model()
+    else:
+        source = gguf.source_file(name)
+        folder = gguf.converted_dir(gguf.file_sha256(source)) if source is not None else Path(name)
+    if not (folder / "tokenizer_config.json").is_file():
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Console) -> Path:
+    # Under `kit run --launcher` every process runs this; only the main one writes files (kitcli/run/launch.py).
+    main = dist.is_main_process()
+    if not main:
+        console = Console(quiet=True)
+    lock = make_lock(recipe)
+    run_dir = choose_run_dir(recipe, output, lock)
+    console.print(f"kit: checking {recipe.name}'s {len(recipe.stages)} stages against TRL's configs (loads torch, "
+                  f"TRL and Unsloth first; their messages go to {RunDir(run_dir).library_log})",
+                  highlight=False, markup=False)
+    described = preflight(recipe, run_dir, console)
+    lock["resolved"] = redact({s["name"]: d for s, d in zip(recipe.stages, described)})  # e.g. variant presets
+    if main:
+        existing = RunDir(run_dir).read_lock()
+        if existing is not None:
+            differs = same_run(existing, lock)
+            if differs and not force:
+                raise KitError(f"{run_dir} holds a run of a different recipe ({differs} differs); use another "
+                               f"--output, or --force to redo it with this recipe")
+            if not force:
+                check_resumable_stages(recipe, run_dir, existing, lock, console)
+        elif run_dir.exists() and any(run_dir.iterdir()) and not force:
+            raise KitError(f"{run_dir} exists and is not a kit run directory; choose another --output")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        libraries.library_log(RunDir(run_dir).library_log)
+        if existing is not None and not force and existing.get("rewritten by the trainer"):
+            lock["rewritten by the trainer"] = existing["rewritten by the trainer"]  # finished stages keep theirs
+        if existing is None or force or not same_resolution(existing, lock):
+            RunDir(run_dir).write_lock(lock)
+    dist.barrier()
+    console.print(f"run directory: {run_dir}", highlight=False, markup=False)
+    if recipe.data["model"].get("trust_remote_code"):
+        console.print("warning: model.trust_remote_code is on: the model's own Python code from its repository "
+                      "will run",
+                      highlight=False, markup=False)
+
+    outputs: dict[str, Path] = {}
+    results: list[tuple[dict[str, Any], dict[str, Any], str]] = []
+    total = len(recipe.stages)
+    for index, stage in enumerate(recipe.stages, start=1):
+        ctx = StageContext(recipe, stage, run_dir, console, outputs)
+        done = ctx.dir.done()
+        if done is not None and not force:
+            console.print(f"stage {index}/{total} {stage['name']} ({stage['type']}): finished earlier, skipping",
+                          highlight=False, markup=False)
+            results.append((stage, done, "skipped (done)"))
+            outputs[stage["name"]] = ctx.stage_dir
+            continue
+        if main:
+            if force and ctx.stage_dir.exists():
+                shutil.rmtree(ctx.stage_dir)
+            ctx.stage_dir.mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        if not main and stage_types.spec(stage["type"]).evaluates:  # generation is not distributed: main evaluates
+            dist.barrier()
+            outputs[stage["name"]] = ctx.stage_dir
+            results.append((stage, ctx.dir.done() or {}, "ran (main process)"))
+            continue
+        console.rule(f"stage {index}/{total}: {stage['name']} ({stage['type']})")
+        started = time.time()
+        with stage_display(index, total, stage["type"]):
+            summary = run_stage(ctx)
+        summary = {**summary, "seconds": round(time.time() - started, 2), **peak_gpu_memory()}
+        if summary.get("resumed_from"):
+            summary["resumed"] = resumed_note(summary["resumed_from"], stage["type"])
+        if main:
+            ctx.dir.write_done(summary)
+            if summary.get("rewritten"):  # what the trainer changed when it was built, beside what preflight saw
+                lock.setdefault("rewritten by the trainer", {})[ctx.name] = summary["rewritten"]
+                RunDir(run_dir).write_lock(lock)
+        dist.barrier()
+        outputs[stage["name"]] = ctx.stage_dir
+        results.append((stage, summary, "ran"))
+    if not main:
+        return run_dir
+    report = write_run_report(run_dir, console)
+    print_summary(results, console, report=report, run_dir=run_dir)
+    return run_dir
+
+
+def write_run_report(run_dir: Path, console: Console) -> Path | None:
+    """report.md and plots; a failure here must not fail a finished run (`kit report RUN_DIR` retries)."""
+    from kitcli.display.report import write_report
+
+    try:
+        return write_report(run_dir)
+    except Exception as error:  # noqa: BLE001  (matplotlib, a full disk, ...)
+        console.print(f"could not write the report ({type(error).__name__}: {error}); retry with "
+                      f"`kit report {run_dir}`", highlight=False, markup=False)
+        return None
+
+
+def peak_gpu_memory() -> dict[str, float]:
+    """The stage's peak CUDA memory (GiB), recorded in DONE; nothing without a GPU. Resets the counter."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return {}
+    peak, reserved = torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30
+    torch.cuda.reset_peak_memory_stats()
+    return {"peak_gpu_memory_gib": round(peak, 3), "peak_gpu_memory_reserved_gib": round(reserved, 3)}
+
+
+def run_stage(ctx: StageContext) -> dict[str, Any]:
+    """Run one stage with clean-stop signal handling; a requested stop leaves the stage unfinished (no DONE)."""
+    interrupt.install_handlers()
+    try:
+        summary = stage_module(ctx.stage["type"]).run(ctx)
+    except Exception as error:
+        if type(error).__name__ == "OutOfMemoryError":
+            raise out_of_memory(ctx) from None
+        raise
+    finally:
+        interrupt.restore_handlers()
+    if interrupt.requested():
+        from kitcli.training.checkpoints import last_checkpoint
+
+        checkpoint = last_checkpoint(ctx.stage_dir)
+        saved = f"checkpoint saved at {checkpoint}; " if checkpoint else ""
+        raise interrupt.StageInterrupted(f"stage '{ctx.name}' stopped by {interrupt.requested()}; {saved}run the same "
+                                         f"command again to resume")
+    if summary.get("steps") == 0:  # a training stage that trained nothing must not be marked done
+        train = ctx.stage.get("train") or {}
+        raise KitError(f"{ctx.where}: the stage ran zero optimizer steps (num_train_epochs "
+                       f"{train.get('num_train_epochs', 'default')}, max_steps {train.get('max_steps', 'default')}, "
+                       f"on the rows of {ctx.stage['data']['path']}); give it more data, or set train.max_steps")
+    return summary
+
+
+def out_of_memory(ctx: StageContext) -> KitError:
+    train = ctx.stage.get("train", {})
+    memory = stage_types.spec(ctx.stage["type"]).memory_settings
+    settings = ", ".join(f"{k}={train[k]}" for k in memory if k in train) or "the stage's train settings"
+    rank = (ctx.recipe.data["lora"] or {}).get("r")
+    return KitError(f"stage '{ctx.name}' ran out of GPU memory ({settings}; lora.r={rank}, "
+                    f"model.max_seq_length={ctx.model['max_seq_length']}); lower per_device_train_batch_size (raise "
+                    f"gradient_accumulation_steps to keep the batch), the lengths or num_generations, or lora.r; "
+                    f"`kit plan {ctx.recipe.source}` estimates the memory of each stage")
+
+
+def print_summary(results, console: Console, report: Path | None = None, run_dir: Path | None = None) -> None:
+    from kitcli.display.report import before_after
+
+    table = Table(title="stages")
+    for column in ("stage", "type", "status", "seconds", "result"):
+        table.add_column(column)
+    for stage, summary, status in results:
+        table.add_row(stage["name"], stage["type"], status, str(summary.get("seconds", "")),
+                      summary.get("headline", ""))
+    console.print(table)
+    evals = [(stage, summary) for stage, summary, _ in results if stage_types.spec(stage["type"]).evaluates]
+    if evals:
+        header, rows = before_after(evals)
+        table = Table(title="evaluation (held-out): before and after training")
+        for index, column in enumerate(header):
+            table.add_column(column, justify="left" if index == 0 else "right")
+        for index, row in enumerate(rows):
+            table.add_row(*row, end_section=index == len(rows) - 2)
+        console.print(table)
+    if report is not None:
+        console.print(f"report: {report}", highlight=False, markup=False)
+    emit_json({"event": "summary", "run_dir": str(run_dir) if run_dir else None,
+               "report": str(report) if report else None,
+               "stages": [{"name": stage["name"], "type": stage["type"], "status": status, **summary}
+                          for stage, summary, status in results]})

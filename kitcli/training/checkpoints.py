@@ -1,0 +1,320 @@
+"""Checkpoints of a training stage: find the last one, refuse one that cannot resume faithfully, and restore it.
+
+A resumed stage must end exactly where the uninterrupted one would have. transformers' Trainer restores the
+optimizer, the scheduler, the RNG states and the data position, but its restore of the weights is not enough for
+the kit's trainers: with two adapters on the model (the trained `default` and TRL's frozen `ref`, which GRPO with
+beta > 0 and DPO add), PEFT saves `default` in the checkpoint's root and `ref` in `ref/`, and
+`Trainer._load_from_checkpoint` then loads only the sub-folders, so the policy silently restarts from its initial
+weights. It also loads an adapter with PEFT's dtype autocast, turning bf16 LoRA weights into float32. So the kit
+restores every adapter itself, in place and in the dtype training uses, tells the Trainer to leave the weights
+alone, and checks at the start of training that the model holds exactly the checkpoint's weights.
+
+Refused before anything trains (one line, exit status 2, the checkpoint left as it is): a checkpoint with a
+missing or damaged file, one written with other settings (the stage's `config.json` from the interrupted run is
+compared with the one it would write now) or with adapters of other names or shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kitcli import dist
+from kitcli.errors import KitError
+from kitcli.rundir import StageDir
+
+if TYPE_CHECKING:
+    from kitcli.recipe.stage_context import StageContext
+
+ADAPTER_FILE = "adapter_model.safetensors"
+# Config fields that may change between an interrupted run and its resume without changing what is trained.
+VOLATILE_SETTINGS = {"logging_steps", "logging_first_step", "logging_dir", "logging_strategy", "save_steps",
+                     "save_total_limit", "disable_tqdm", "report_to", "output_dir", "run_name", "log_level",
+                     "log_level_replica", "hub_token", "push_to_hub", "eval_steps", "log_completions"}
+
+
+def step_of(checkpoint: Path) -> int:
+    return int(checkpoint.name.split("-")[-1])
+
+
+def checkpoints(stage_dir: Path) -> list[Path]:
+    """Finished checkpoints (their trainer_state.json, written last, exists), oldest first."""
+    found = [p for p in StageDir(stage_dir).checkpoints.glob("checkpoint-*")
+             if p.name.split("-")[-1].isdigit() and (p / "trainer_state.json").exists()]
+    return sorted(found, key=step_of)
+
+
+def last_checkpoint(stage_dir: Path) -> Path | None:
+    found = checkpoints(stage_dir)
+    return found[-1] if found else None
+
+
+def way_out(stage_dir: Path, checkpoint: Path) -> str:
+    older = [p for p in checkpoints(stage_dir) if step_of(p) < step_of(checkpoint)]
+    back = f"move {checkpoint} away to resume from {older[-1].name}, or " if older else ""
+    return f"{back}run with --force to restart the stages"
+
+
+# --- is the checkpoint whole? -----------------------------------------------------------------------------------
+
+def check_safetensors(path: Path) -> str | None:
+    """None when the file's header parses and its tensors fit in the file (a cut file fails here)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118  (a safetensors handle, not a dict)
+                f.get_slice(key).get_shape()
+        return None
+    except Exception as error:  # noqa: BLE001  (safetensors raises several types for a damaged file)
+        return f"{path.name} is damaged ({str(error).splitlines()[0][:120]})"
+
+
+def check_torch_file(path: Path) -> str | None:
+    """torch.save writes a zip archive; a cut one has no central directory."""
+    if not zipfile.is_zipfile(path):
+        return f"{path.name} is damaged (not a complete torch.save archive)"
+    return None
+
+
+def check_files(checkpoint: Path, required: list[str]) -> None:
+    for name in required:
+        path = checkpoint / name
+        if not path.is_file() or path.stat().st_size == 0:
+            raise KitError(f"{checkpoint}: {name} is missing; {way_out(checkpoint.parent.parent, checkpoint)}")
+    for path in sorted(checkpoint.rglob("*")):
+        problem = None
+        if path.suffix == ".safetensors":
+            problem = check_safetensors(path)
+        elif path.suffix in (".pt", ".pth", ".bin", ".pkl"):  # torch.save archives (accelerate's too)
+            problem = check_torch_file(path)
+        elif path.name in ("trainer_state.json", "adapter_config.json"):
+            try:
+                json.loads(path.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                problem = f"{path.name} is not valid JSON"
+        if problem:
+            where = path.relative_to(checkpoint)
+            raise KitError(f"{checkpoint}: {problem if str(where) == path.name else f'{where}: {problem}'}; "
+                           f"{way_out(checkpoint.parent.parent, checkpoint)}")
+
+
+# What a checkpoint must hold: transformers' Trainer writes the weights (an adapter or a full model), optimizer,
+# scheduler, RNG states and trainer state; a stage with its own loop (PPO) lists its set in its StageSpec.
+
+
+def required_files(stage_type: str, checkpoint: Path) -> list[str]:
+    from kitcli.recipe import stage_types
+
+    own = stage_types.spec(stage_type).checkpoint_files
+    if own:
+        return list(own)
+    weights = ADAPTER_FILE if (checkpoint / "adapter_config.json").exists() else "model.safetensors"
+    return [weights, "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"]
+
+
+# --- was it written with these settings? ------------------------------------------------------------------------
+
+def first_setting_difference(saved: dict[str, Any], now: dict[str, Any]) -> tuple[str, Any, Any] | None:
+    for key in sorted(set(saved) | set(now)):
+        if key in VOLATILE_SETTINGS:
+            continue
+        if saved.get(key) != now.get(key):
+            return key, saved.get(key), now.get(key)
+    return None
+
+
+def check_settings(stage_dir: Path, checkpoint: Path, settings: dict[str, Any], where: str) -> None:
+    """The stage's config.json (written when the interrupted run started) must equal what it would be now."""
+    path = StageDir(stage_dir).config
+    saved = StageDir(stage_dir).read_config()
+    if saved is None:
+        raise KitError(f"{where}: {checkpoint.name} has no record of the settings it was trained with ({path} is "
+                       f"missing or damaged); {way_out(stage_dir, checkpoint)}")
+    found = first_setting_difference(saved, json.loads(json.dumps(settings, default=str)))
+    if found:
+        key, before, now = found
+        raise KitError(f"{where}: {checkpoint.name} was trained with train.{key} {before!r}, the stage now has "
+                       f"{now!r}, so resuming would not continue the same run; set it back, or "
+                       f"{way_out(stage_dir, checkpoint)}")
+
+
+def saved_adapters(checkpoint: Path, root_name: str = "default") -> dict[str, Path]:
+    """Adapter name -> folder: PEFT saves `default` in the checkpoint's root and any other adapter in a sub-folder
+    of its name."""
+    found = {}
+    if (checkpoint / ADAPTER_FILE).exists():
+        found[root_name] = checkpoint
+    for sub in sorted(p for p in checkpoint.iterdir() if p.is_dir() and (p / ADAPTER_FILE).exists()):
+        found[sub.name] = sub
+    return found
+
+
+def check_lora_shape(checkpoint: Path, lora: dict[str, Any] | None, where: str) -> None:
+    """The checkpoint's adapter must have the rank, alpha and target modules the stage trains with."""
+    config_path = checkpoint / "adapter_config.json"
+    if lora is None or not config_path.exists():
+        return
+    config = json.loads(config_path.read_text())
+    targets = config.get("target_modules")
+    saved = {"r": config.get("r"), "alpha": config.get("lora_alpha"),
+             "target_modules": sorted(targets) if isinstance(targets, list) else targets}
+    wanted = {"r": lora["r"], "alpha": lora["alpha"], "target_modules": sorted(lora["target_modules"])
+              if isinstance(lora["target_modules"], list) else lora["target_modules"]}
+    for key in ("r", "alpha", "target_modules"):
+        if saved[key] != wanted[key]:
+            raise KitError(f"{where}: {checkpoint.name} holds a LoRA adapter with {key} {saved[key]!r}, the stage "
+                           f"trains one with lora.{key} {wanted[key]!r}; set it back, or "
+                           f"{way_out(checkpoint.parent.parent, checkpoint)}")
+
+
+def check_resumable(stage_dir: Path, stage_type: str, settings: dict[str, Any], lora: dict[str, Any] | None,
+                    where: str) -> Path | None:
+    """The checkpoint a stage will resume from, after checking it is whole and was written with these settings
+    and LoRA shapes; None when there is none. Raises KitError (nothing is changed) when it cannot resume."""
+    checkpoint = last_checkpoint(stage_dir)
+    if checkpoint is None:
+        return None
+    check_files(checkpoint, required_files(stage_type, checkpoint))
+    check_settings(stage_dir, checkpoint, settings, where)
+    check_lora_shape(checkpoint, lora, where)
+    return checkpoint
+
+
+# --- restore ----------------------------------------------------------------------------------------------------
+
+def load_into(model, state: dict[str, Any], adapter: str, where: str) -> None:
+    """Copy `state` (PEFT's saved names) into the adapter's parameters in place: each keeps its dtype and device,
+    so the optimizer and the training precision are those of an uninterrupted run."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+    current = get_peft_model_state_dict(model, adapter_name=adapter)
+    for key, tensor in state.items():
+        if key not in current:
+            raise KitError(f"{where}: the checkpoint's adapter '{adapter}' does not fit the stage's model "
+                           f"({key} is not a weight of it); it was written by another model or LoRA setting")
+        if tuple(current[key].shape) != tuple(tensor.shape):
+            raise KitError(f"{where}: checkpoint tensor {key} of adapter '{adapter}' is shaped "
+                           f"{tuple(tensor.shape)}, the model's {tuple(current[key].shape)}; it was written with "
+                           f"another LoRA rank or model")
+    missing = sorted(set(current) - set(state))
+    if missing:
+        raise KitError(f"{where}: the checkpoint's adapter '{adapter}' lacks {missing[0]}; it was written by "
+                       f"another model or LoRA setting")
+    set_peft_model_state_dict(model, state, adapter_name=adapter)  # load_state_dict: copy_ keeps each dtype
+
+
+def restore_adapters(model, checkpoint: Path, where: str) -> list[str]:
+    """Load every adapter the checkpoint holds into the model's adapter of the same name; returns their names."""
+    from safetensors.torch import load_file
+
+    names = []
+    for name, folder in saved_adapters(checkpoint).items():
+        if name not in model.peft_config:
+            raise KitError(f"{where}: {checkpoint.name} holds adapter '{name}', which this stage's model does "
+                           f"not have; it was written by another stage setup")
+        load_into(model, load_file(str(folder / ADAPTER_FILE)), name, where)
+        names.append(name)
+    missing = [n for n in model.peft_config if n not in names]
+    if missing:
+        raise KitError(f"{where}: {checkpoint.name} has no weights for adapter '{missing[0]}'; it was written by "
+                       f"another stage setup; {way_out(checkpoint.parent.parent, checkpoint)}")
+    return names
+
+
+def make_weights_check(checkpoint: Path, where: str):
+    """A TrainerCallback that checks, once training starts (after the Trainer's own restore), that the model holds
+    exactly the checkpoint's adapter weights: a transformers change that reloads them differently fails here."""
+    from safetensors.torch import load_file
+    from transformers import TrainerCallback
+
+    class ResumedWeightsCheck(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            import torch
+            from peft import get_peft_model_state_dict
+
+            for name, folder in saved_adapters(checkpoint).items():
+                live = get_peft_model_state_dict(model, adapter_name=name)
+                for key, tensor in load_file(str(folder / ADAPTER_FILE)).items():
+                    if not torch.equal(live[key].detach().cpu().to(tensor.dtype), tensor):
+                        raise KitError(f"{where}: after resuming from {checkpoint.name} the model's {key} is not "
+                                       f"the checkpoint's; this transformers version restores checkpoints "
+                                       f"differently than kit expects")
+
+    return ResumedWeightsCheck()
+
+
+COUNTERS = "KitCounters"
+
+
+def make_counters_callback(trainer):
+    """TRL's running counts the Trainer does not checkpoint (SFT/DPO/reward's token count, logged as num_tokens):
+    saved in every checkpoint's trainer_state.json (transformers' ExportableState) and put back on resume."""
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import ExportableState
+
+    class KitCounters(TrainerCallback, ExportableState):
+        def state(self) -> dict:
+            return {"args": {}, "attributes": {"total_train_tokens": getattr(trainer, "_total_train_tokens", 0)}}
+
+    return KitCounters()
+
+
+def restore_counters(trainer, checkpoint: Path) -> None:
+    saved = json.loads((checkpoint / "trainer_state.json").read_text()).get("stateful_callbacks", {}).get(COUNTERS)
+    if saved and hasattr(trainer, "_total_train_tokens"):
+        trainer._total_train_tokens = saved["attributes"]["total_train_tokens"]
+
+
+def train(trainer, checkpoint: Path | None, where: str, stop_every: int = 1) -> None:
+    """trainer.train(), from `checkpoint` when given: the kit restores the weights (every adapter, in place) and
+    TRL's running counts, the Trainer the optimizer, scheduler, RNG states and data position. A Ctrl-C or SIGTERM
+    saves a checkpoint (at a step that is a multiple of `stop_every`) and ends training; free disk is checked
+    before every checkpoint."""
+    from kitcli.training.interrupt import make_stop_callback
+
+    trainer.add_callback(make_stop_callback(Path(trainer.args.output_dir), stop_every))
+    trainer.add_callback(make_counters_callback(trainer))
+    if checkpoint is None:
+        trainer.train()
+        return
+    model = trainer.model
+    if hasattr(model, "peft_config"):
+        restore_adapters(model, checkpoint, where)
+        trainer._load_from_checkpoint = lambda *args, **kwargs: None  # weights restored above
+        trainer.add_callback(make_weights_check(checkpoint, where))
+    restore_counters(trainer, checkpoint)
+    trainer.train(resume_from_checkpoint=str(checkpoint))
+
+
+# --- the stage's side ------------------------------------------------------------------------------------------
+
+def stage_lora(ctx: StageContext) -> dict[str, Any] | None:
+    """The LoRA settings the stage trains with: its init stage's adapter's, else the recipe's."""
+    from kitcli.models.backend import lora_from_adapter
+
+    init = ctx.init_dir
+    if init is not None and (StageDir(init).adapter / "adapter_config.json").is_file():
+        return lora_from_adapter(StageDir(init).adapter)
+    return ctx.recipe.data["lora"]
+
+
+def resume_checkpoint(ctx: StageContext, metrics_path: Path, settings: dict[str, Any]) -> Path | None:
+    """The stage's last checkpoint, checked (whole, same settings and LoRA shapes) before anything trains; then
+    the stage's config.json records `settings` and its metrics are cut back to the checkpoint's step (they will
+    be logged again)."""
+    from kitcli.training.progress import truncate_metrics
+
+    resume = check_resumable(ctx.stage_dir, ctx.stage["type"], settings, stage_lora(ctx), ctx.where)
+    main = dist.is_main_process()  # under `kit run --launcher` one process writes
+    if main:
+        ctx.dir.write_config(settings)
+    if resume is not None:
+        step = step_of(resume)
+        if main:
+            truncate_metrics(metrics_path, step)
+        ctx.log(f"resuming {ctx.name} from {resume.name} (step {step}): weights, optimizer, scheduler and RNG "
+                f"state restored")
+    return resume

@@ -1,0 +1,125 @@
+"""TRL trainers' progress, shown by the kit's dashboard (kitcli/display/dashboard.py): `attach_progress(trainer, name,
+metrics_path, console)` replaces transformers' own printer and tqdm callbacks, so a metrics dict is shown once, in
+one format, and written to the stage's metrics.jsonl. Also the metrics files themselves: read, and cut back to a
+checkpoint's step on resume."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from kitcli.display.dashboard import DISPLAY, SAMPLES_SHOWN, StageDashboard, message_text
+from kitcli.recipe import stage_types
+from kitcli.rundir import StageDir, read_jsonl
+
+
+def stage_type_of(trainer) -> str | None:
+    """The stage type a trainer serves, from its class (TRL's or Unsloth's generated one)."""
+    from kitcli.training.trainers import TRAINERS
+
+    names = {cls.__name__.removeprefix("Unsloth") for cls in type(trainer).__mro__}
+    return next((t for t, spec in stage_types.specs().items()
+                 if spec.trainer is not None and TRAINERS[spec.trainer][1] in names), None)
+
+
+def samples_from_trainer(trainer, count: int = SAMPLES_SHOWN) -> list[dict[str, Any]]:
+    """The last `count` completions TRL's GRPOTrainer keeps for logging (`trainer._logs`), with their rewards."""
+    logs = getattr(trainer, "_logs", None)
+    if not isinstance(logs, dict) or not logs.get("completion"):
+        return []
+    prompts, completions = list(logs.get("prompt", [])), list(logs["completion"])
+    rewards = {name: list(values) for name, values in dict(logs.get("rewards", {})).items()}
+    weights = getattr(trainer, "reward_weights", None)
+    names = list(rewards)
+    samples = []
+    for index in range(max(0, len(completions) - count), len(completions)):
+        scores = {name: rewards[name][index] for name in names if index < len(rewards[name])}
+        sample = {"prompt": message_text(prompts[index]) if index < len(prompts) else "",
+                  "completion": message_text(completions[index]), "rewards": scores}
+        if weights is not None and len(scores) == len(weights):
+            total = [float(w) * s for w, s in zip(weights.tolist(), scores.values()) if s is not None and
+                     math.isfinite(s)]
+            sample["reward"] = sum(total) if total else None
+        samples.append(sample)
+    return samples
+
+
+# --- metrics files ------------------------------------------------------------------------------------------
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    return read_jsonl(path)
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """On resume from checkpoint N, drop lines logged after step N (they will be logged again), in metrics.jsonl
+    and the stage's alarms.jsonl / completions.jsonl."""
+    stage = StageDir(path.parent)
+    for target in (path, stage.alarms, stage.completions):
+        if target == path or target.exists():
+            kept = [row for row in read_metrics(target) if row.get("step", 0) <= last_step]
+            target.write_text("".join(json.dumps(row) + "\n" for row in kept))
+
+
+# --- TRL trainers -------------------------------------------------------------------------------------------
+
+def make_progress_callback(stage_name: str, metrics_path: Path, console: Console, label: str = "", *,
+                           trainer=None, stage_type: str | None = None, index: int | None = None,
+                           total: int | None = None, mode: str | None = None, json_stream=None):
+    """A transformers callback that drives a StageDashboard. `trainer` (optional) is read for recent sample
+    completions (GRPO keeps them in `trainer._logs`) and, when `stage_type` is not given, for the stage type."""
+    from transformers import TrainerCallback
+
+    if stage_type is None and DISPLAY.stage_type is None and trainer is not None:
+        stage_type = stage_type_of(trainer)
+    dashboard = StageDashboard(stage_name, metrics_path, console, stage_type=stage_type, index=index, total=total,
+                               mode=mode, json_stream=json_stream, label=label)
+
+    class KitProgress(TrainerCallback):
+        """Shows progress and appends every logged metrics dict (with step and time) to metrics.jsonl."""
+
+        def __init__(self) -> None:
+            self.dashboard = dashboard
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            dashboard.begin(state.max_steps, state.global_step)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            dashboard.advance(state.global_step)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not state.is_world_process_zero:  # under `kit run --launcher`, the main process writes metrics
+                return
+            samples = samples_from_trainer(trainer) if trainer is not None else None
+            dashboard.log(state.global_step, dict(logs or {}), epoch=state.epoch, samples=samples)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            dashboard.end(state.global_step)
+
+    return KitProgress()
+
+
+def attach_progress(trainer, stage_name: str, metrics_path: Path, console: Console, **options) -> None:
+    """Replace transformers' printer and tqdm callbacks with the kit's display (options: make_progress_callback's
+    keyword arguments)."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(make_progress_callback(stage_name, metrics_path, console, trainer=trainer, **options))
+
+
+def make_reward_metrics_callback(stats):
+    """A TRL callback that adds per-reward seconds and skipped samples (rewards.guard's RewardStats) to each logged
+    metrics dict, before the progress callback writes it to metrics.jsonl."""
+    from transformers import TrainerCallback
+
+    class RewardMetrics(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs is not None:
+                logs.update(stats.pop_metrics())
+
+    return RewardMetrics()

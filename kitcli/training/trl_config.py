@@ -1,0 +1,160 @@
+"""Turn a stage's `train:` block into a TRL config, field by field, on top of the kit's explicit defaults.
+
+Every hyperparameter a stage relies on is set here or in the stage (never left to TRL's or Unsloth's default,
+which differ and move between versions); the effective values are recorded in the stage's `config.json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from kitcli.errors import KitError, did_you_mean
+from kitcli.rundir import redact
+
+# Shared by every trainer-based stage; a stage adds its own on top and the recipe's `train:` wins.
+COMMON_DEFAULTS: dict[str, Any] = {
+    "learning_rate": 2e-4,
+    "num_train_epochs": 1,
+    "max_steps": -1,
+    "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 1,
+    "lr_scheduler_type": "linear",
+    "warmup_steps": 0,
+    "weight_decay": 0.0,
+    "max_grad_norm": 1.0,
+    "logging_steps": 5,
+    "save_strategy": "steps",
+    "save_steps": 50,
+    "save_total_limit": 2,
+    "report_to": "none",
+    "disable_tqdm": True,
+    "dataloader_num_workers": 0,
+}
+
+
+def config_fields(config_cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(config_cls) if f.init}
+
+
+def check_fields(config_cls, train: dict[str, Any], where: str, reserved: set[str] = frozenset()) -> None:
+    names = config_fields(config_cls)
+    for key in train:
+        if key in reserved:
+            raise KitError(f"{where}: train.{key} is set by the kit ({reserved_reason(key)}); remove it")
+        if key not in names:
+            raise KitError(f"{where}: train.{key} is not a {config_cls.__name__} field"
+                           f"{did_you_mean(key, names)}")
+
+
+def reserved_reason(key: str) -> str:
+    return {"output_dir": "checkpoints go to the stage folder", "seed": "set the recipe's top-level seed"}.get(
+        key, "it is derived from the recipe")
+
+
+def device_defaults(on_gpu: bool) -> dict[str, Any]:
+    """CPU-safe precision without a GPU (and torch's fused AdamW, which Unsloth's CPU backend would choose anyway);
+    bf16 and Unsloth's 8-bit AdamW on one."""
+    if on_gpu:
+        import torch
+
+        bf16 = torch.cuda.is_bf16_supported()
+        return {"use_cpu": False, "bf16": bf16, "fp16": not bf16, "optim": "adamw_8bit"}
+    return {"use_cpu": True, "bf16": False, "fp16": False, "optim": "adamw_torch_fused"}
+
+
+def build_config(config_cls, *, stage_defaults: dict[str, Any], train: dict[str, Any], where: str,
+                 output_dir: Path, seed: int, on_gpu: bool):
+    """Build `config_cls` from COMMON_DEFAULTS < device defaults < stage defaults < the recipe's `train:`.
+
+    Then every value the kit passed is compared with what the config holds: a library that rewrites one (Unsloth's
+    generated configs do, e.g. scale_rewards "none" whenever loss_type is dr_grpo) has it put back, and the rewrite
+    is recorded in `config.kit_rewrites` (shown by --dry-run, written to the lock file). The resolved values and the
+    names the recipe set explicitly travel with the config (`kit_resolved`, `kit_explicit`) for the check after the
+    trainer is built (kitcli/training/trainers.py)."""
+    check_fields(config_cls, train, where, reserved={"output_dir", "seed"})
+    values = {**COMMON_DEFAULTS, **device_defaults(on_gpu), **stage_defaults, **train}
+    values = {k: v for k, v in values.items() if k in config_fields(config_cls)}
+    if not on_gpu:
+        values.update(use_cpu=True, bf16=False, fp16=False)
+    values.update(output_dir=str(output_dir), seed=seed, data_seed=seed)
+    try:
+        config = config_cls(**values)
+    except (ValueError, TypeError) as error:
+        raise KitError(f"{where}: {config_cls.__name__} rejected the train settings: "
+                       f"{str(error).splitlines()[0]}") from None
+    config.kit_resolved = values
+    config.kit_explicit = set(train)
+    config.kit_rewrites = restore_rewrites(config, values, set(train), where)
+    return config
+
+
+def canonical(value: Any) -> Any:
+    """A config value in the form the kit passes it (enums as their value, lists for tuples)."""
+    value = getattr(value, "value", value)
+    if isinstance(value, tuple):
+        return [canonical(v) for v in value]
+    if isinstance(value, list):
+        return [canonical(v) for v in value]
+    return value
+
+
+# Values a config normalises without changing their meaning: (field, as passed) -> accepted forms.
+EQUIVALENT = {("report_to", "none"): ([], ["none"], "none")}
+
+
+def same_value(key: str, passed: Any, held: Any) -> bool:
+    held = canonical(held)
+    if held == canonical(passed):
+        return True
+    return isinstance(passed, str) and held in EQUIVALENT.get((key, passed), ())
+
+
+def restore_rewrites(config, values: dict[str, Any], explicit: set[str], where: str) -> list[dict[str, Any]]:
+    """Put back every value the config's own code changed; returns what was rewritten."""
+    rewrites = []
+    for key, passed in values.items():
+        held = getattr(config, key, passed)
+        if same_value(key, passed, held):
+            continue
+        rewrite = {"field": key, "kit": passed, "library": canonical(held),
+                   "from": "train" if key in explicit else "kit default"}
+        if hasattr(held, "value"):  # an enum the config derived: putting a raw value back could break its users
+            if key in explicit:
+                raise KitError(f"{where}: {type(config).__name__} changed train.{key} from {passed!r} to "
+                               f"{canonical(held)!r}, and the kit cannot put it back; set another value")
+            rewrite["action"] = "kept the library's value"
+        else:
+            setattr(config, key, passed)
+            rewrite["action"] = "restored"
+        rewrites.append(rewrite)
+    return rewrites
+
+
+def config_summary(config, stage_defaults: dict[str, Any], train: dict[str, Any]) -> dict[str, Any]:
+    """What --dry-run and the lock file show of a stage's config: the explicit values, and any rewrite."""
+    summary = {type(config).__name__: explicit_values(config, stage_defaults, train)}
+    rewrites = getattr(config, "kit_rewrites", [])
+    if rewrites:
+        summary["rewritten by the library"] = [
+            f"{r['field']}: {r['kit']!r} ({r['from']}) -> {r['library']!r}; {r['action']}" for r in rewrites]
+    return summary
+
+
+def explicit_values(config, stage_defaults: dict[str, Any], train: dict[str, Any]) -> dict[str, Any]:
+    """The config's effective values for every field the kit or the recipe set (after TRL's __post_init__)."""
+    keys = set(COMMON_DEFAULTS) | set(stage_defaults) | set(train) | {"use_cpu", "bf16", "fp16", "optim", "seed"}
+    out = {}
+    for key in sorted(keys):
+        if hasattr(config, key):
+            value = getattr(config, key)
+            out[key] = getattr(value, "value", value)
+    return redact(out)
+
+
+def config_dict(config) -> dict[str, Any]:
+    """All fields, JSON-safe, with secrets left out."""
+    raw = config.to_dict()
+    return redact({k: (v if isinstance(v, (int, float, str, bool, type(None), list, dict)) else str(v))
+                   for k, v in raw.items()})
