@@ -7,5 +7,5 @@
     trainer.py  the loop: PPO steps, the optimizer and the dashboard
     checkpoint.py  resumable checkpoints through accelerate's save_state / load_state
 
-Importing this package (or config.py) loads no torch: the recipe checker reads PPOConfig's fields.
+Importing this package (or config.py) loads no torch; the recipe checker reads PPOConfig's fields from its source.
 """

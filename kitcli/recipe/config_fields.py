@@ -32,6 +32,7 @@ SOURCES = {
     "KTOConfig": ("trl", "trainer/kto_config.py"),
     "_BaseConfig": ("trl", "trainer/base_config.py"),
     "TrainingArguments": ("transformers", "training_args.py"),
+    "PPOConfig": ("kitcli", "ppo/config.py"),  # the kit's own PPO, read the same way (no import reaches up to ppo/)
 }
 ENUM_SOURCES = (("transformers", "trainer_utils.py"), ("transformers", "training_args.py"),
                 ("transformers", "debug_utils.py"))
@@ -99,8 +100,6 @@ def parse_classes(package: str, relative: str) -> dict[str, tuple[list[str], dic
 @cache
 def config_fields(config: str) -> dict[str, ConfigField]:
     """Every init field of `config` (base classes' first, a subclass's override wins)."""
-    if config == "PPOConfig":
-        return ppo_fields()
     package, relative = SOURCES[config]
     bases, own = parse_classes(package, relative)[config]
     fields: dict[str, ConfigField] = {}
@@ -109,15 +108,6 @@ def config_fields(config: str) -> dict[str, ConfigField]:
             fields.update(config_fields(base))
     fields.update(own)
     return fields
-
-
-def ppo_fields() -> dict[str, ConfigField]:
-    import dataclasses
-
-    from kitcli.ppo.config import PPOConfig
-
-    return {f.name: ConfigField(f.name, str(f.type), f.default, f.metadata.get("help", ""))
-            for f in dataclasses.fields(PPOConfig) if f.init}
 
 
 @cache
