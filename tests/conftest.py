@@ -35,7 +35,7 @@ def uses_unsloth_trainers(item) -> bool:
 
 # Fixtures that train the tiny model: a test that uses one is slow, like a test that trains itself.
 TRAINING_FIXTURES = {"trained", "run", "ppo_run", "trained_run", "uninterrupted", "sft_run", "sft_rm_run",
-                     "sft_dpo_run", "interrupted"}
+                     "sft_dpo_run", "interrupted", "sft_kto_rloo_run", "trained_run_dir"}
 
 
 def xdist_group(item) -> str:
@@ -75,6 +75,32 @@ def trainer_family(request, monkeypatch) -> str:
     on the CPU through KIT_TRAINERS (kitcli/training/trainers.py)."""
     monkeypatch.setenv("KIT_TRAINERS", request.param)
     return request.param
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fast_tests_train_nothing(request):
+    """Under `make test-fast` (-m "not slow") building a trainer fails: a test that trains, or uses a fixture that
+    does (module and session fixtures included: this one is set up first), must be marked slow (or its fixture listed
+    in TRAINING_FIXTURES). tests/test_structure.py checks that this guard is in force."""
+    if (request.config.option.markexpr or "").replace(" ", "") != "notslow":
+        yield False
+        return
+    from kitcli.ppo import trainer as ppo_trainer
+    from kitcli.training import trainers
+
+    def refuse(*args, **kwargs):
+        pytest.fail("a test builds a trainer under `make test-fast`: mark it slow", pytrace=False)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trainers, "trainer_class", refuse)
+        patch.setattr(ppo_trainer, "make_optimizer", refuse)
+        yield True
+
+
+@pytest.fixture
+def family(trainer_family) -> str:
+    """The trainer family of a test (`pytestmark = pytest.mark.usefixtures("family")` runs a whole file on both)."""
+    return trainer_family
 
 
 @pytest.fixture(scope="session")

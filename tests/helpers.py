@@ -15,6 +15,10 @@ DATA = Path(__file__).resolve().parent.parent / "examples" / "data"
 TINY_MODEL = {"name": "tiny", "max_seq_length": 128, "load_in_4bit": True, "dtype": "float32"}
 SMALL_LORA = {"r": 8, "alpha": 16, "dropout": 0.0,
               "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+# The SFT stage the preference, reward and PPO tests start from (tests/conftest.py trains it once per test run).
+SFT_8_STEPS = {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),
+               "train": {"max_steps": 8, "learning_rate": 2e-3, "per_device_train_batch_size": 16, "logging_steps": 4,
+                         "save_steps": 100}}
 
 
 def forward_precision():
@@ -78,3 +82,36 @@ def stage_context(recipe_path: Path, stage_name: str, run_dir: Path, outputs: di
     if outputs is None:
         outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
     return StageContext(recipe, recipe.stage(stage_name), run_dir, Console(quiet=True), outputs)
+
+
+def fails(*args: str) -> str:
+    """Run `kit ARGS`, which must fail as a user error: exit status 2, no traceback, one `Error:` line at the end
+    (what every bad input gets). Returns that line."""
+    result = run_cli(*args, expect=2)
+    lines = result.output.strip().splitlines()
+    assert lines and lines[-1].startswith("Error: "), result.output
+    assert "Traceback" not in result.output, result.output
+    return lines[-1]
+
+
+def move_policy(model, size: float = 0.3, seed: int = 0) -> None:
+    """Move the trained adapter ("default") off its start, as training would; a frozen reference stays where it was.
+    Checks of a KL term or a reference mean nothing before this: a fresh LoRA has B = 0."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".default." in name and "lora_B" in name:
+                param.add_(size * torch.randn(param.shape, generator=generator).to(param))
+
+
+def completion_logprob(model, prompt_ids: list[int], completion_ids: list[int]):
+    """log pi(completion | prompt): the sum of the completion tokens' log-probabilities, one unpadded sequence."""
+    import torch
+
+    ids = torch.tensor([prompt_ids + completion_ids], device=model.device)
+    with forward_precision():
+        logits = model(input_ids=ids).logits[0].float()
+    token_logps = torch.log_softmax(logits[:-1], dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
+    return token_logps[len(prompt_ids) - 1:].sum()

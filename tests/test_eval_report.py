@@ -20,7 +20,7 @@ GREEDY = {"max_new_tokens": 4, "batch_size": 12, "temperature": 0.0}
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, tiny_model_dir):
+def trained_run_dir(tmp_path_factory, tiny_model_dir):
     root = tmp_path_factory.mktemp("evalrun")
     stages = [
         {"name": "eval-before", "type": "eval", "data": EVAL_DATA, "generation": GREEDY,
@@ -44,8 +44,8 @@ def test_pass_at_k():
 
 
 @pytest.mark.slow
-def test_eval_stages_score_rewards_and_print_before_after(run_dir):
-    run, output = run_dir
+def test_eval_stages_score_rewards_and_print_before_after(trained_run_dir):
+    run, output = trained_run_dir
     before, after = done(run / "eval-before"), done(run / "eval-after")
     for summary in (before, after):
         assert summary["n"] == 12 and summary["samples_per_prompt"] == 1
@@ -62,8 +62,8 @@ def test_eval_stages_score_rewards_and_print_before_after(run_dir):
     assert f"report: {run / 'report.md'}" in output
 
 
-def test_report_files_and_plotted_data(run_dir):
-    run, _ = run_dir
+def test_report_files_and_plotted_data(trained_run_dir):
+    run, _ = trained_run_dir
     report = (run / "report.md").read_text()
     for svg in ("sft.svg", "eval.svg"):
         assert ElementTree.parse(run / "plots" / svg).getroot().tag == "{http://www.w3.org/2000/svg}svg"
@@ -99,8 +99,8 @@ def test_report_files_and_plotted_data(run_dir):
     assert [s.status for s in load_run(run).stages] == ["done", "done", "done"]
 
 
-def test_kit_eval_on_a_stage_and_a_model(run_dir, tmp_path):
-    run, _ = run_dir
+def test_kit_eval_on_a_stage_and_a_model(trained_run_dir, tmp_path):
+    run, _ = trained_run_dir
     result = run_cli("eval", run / "sft", "--data", DATA / "arithmetic_eval.jsonl", "--limit", 6, "--reward",
                      "exact_match", "--n", 4, "--temperature", 0.8, "--max-new-tokens", 4, "--json",
                      "--output", tmp_path / "out")
@@ -122,8 +122,8 @@ def test_kit_eval_on_a_stage_and_a_model(run_dir, tmp_path):
     assert "exact match" in base.output and "tiny on arithmetic_eval.jsonl" in base.output
 
 
-def test_kit_eval_and_report_errors(run_dir, tmp_path):
-    run, _ = run_dir
+def test_kit_eval_and_report_errors(trained_run_dir, tmp_path):
+    run, _ = trained_run_dir
     wrong = run_cli("eval", run / "eval-after", "--data", DATA / "arithmetic_eval.jsonl", expect=2)
     assert "an eval stage saves no model" in wrong.output and "(sft)" in wrong.output
     greedy = run_cli("eval", "tiny", "--data", DATA / "arithmetic_eval.jsonl", "--n", 4, "--temperature", 0,

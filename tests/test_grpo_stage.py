@@ -6,7 +6,7 @@ import json
 
 import pytest
 import yaml
-from helpers import DATA, done, metrics, run_cli, snapshot, write_recipe
+from helpers import DATA, done, fails, metrics, run_cli, snapshot, write_recipe
 from safetensors.torch import load_file
 
 from kitcli.stages.grpo import VARIANTS
@@ -112,14 +112,6 @@ def test_train_block_overrides_the_preset(tmp_path):
 
 
 # --- bad input: one line, exit status 2, nothing lost -------------------------------------------------------
-
-
-def fails(*args) -> str:
-    result = run_cli(*args, expect=2)
-    lines = result.output.strip().splitlines()
-    assert lines[-1].startswith("Error: "), result.output
-    assert "Traceback" not in result.output
-    return lines[-1]
 
 
 def test_data_without_prompt(tmp_path):

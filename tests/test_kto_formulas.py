@@ -14,18 +14,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import DATA, TINY_MODEL, precision_scale, stage_context, write_recipe
-from test_preference_formulas import built_by, completion_logprob
+from helpers import DATA, TINY_MODEL, completion_logprob, move_policy, precision_scale, stage_context, write_recipe
+from test_preference_formulas import built_by
 
-pytestmark = pytest.mark.slow  # every test here builds a model
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("family")]  # every test builds a model, on both families
 
 BATCH = 8
 BETA, DESIRABLE, UNDESIRABLE = 0.3, 1.5, 0.7  # not the defaults: the test sees that train: reaches the loss
-
-
-@pytest.fixture(autouse=True)
-def family(trainer_family) -> str:
-    return trainer_family
 
 
 def kto_trainer(in_tmp, family: str, **train):
@@ -40,14 +35,6 @@ def kto_trainer(in_tmp, family: str, **train):
     built_by(trainer, family)
     assert "ref" in reference or "starting" in reference, reference
     return trainer
-
-
-def move_policy(model, size: float, seed: int) -> None:
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if ".default." in name and "lora_B" in name:
-                param.add_(size * torch.randn(param.shape, generator=generator).to(param))
 
 
 def base_model():

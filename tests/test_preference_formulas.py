@@ -12,32 +12,25 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import DATA, TINY_MODEL, forward_precision, precision_scale, stage_context, write_recipe
+from helpers import (
+    DATA,
+    TINY_MODEL,
+    completion_logprob,
+    forward_precision,
+    precision_scale,
+    stage_context,
+    write_recipe,
+)
 
-pytestmark = pytest.mark.slow  # every test here builds or trains a model
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("family")]  # every test builds a model, on both families
 
 BATCH = 6
-
-
-@pytest.fixture(autouse=True)
-def family(trainer_family) -> str:
-    """Each loss is checked on TRL's own trainer and on Unsloth's generated one (what a GPU runs)."""
-    return trainer_family
 
 
 def built_by(trainer, family: str) -> None:
     from kitcli.training.trainers import is_unsloth_class
 
     assert is_unsloth_class(type(trainer)) == (family == "unsloth"), type(trainer)
-
-
-def completion_logprob(model, prompt_ids: list[int], completion_ids: list[int]) -> torch.Tensor:
-    """log pi(completion | prompt): the sum of the completion tokens' log-probabilities, one unpadded sequence."""
-    ids = torch.tensor([prompt_ids + completion_ids], device=model.device)
-    with forward_precision():
-        logits = model(input_ids=ids).logits[0].float()
-    token_logps = torch.log_softmax(logits[:-1], dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
-    return token_logps[len(prompt_ids) - 1:].sum()
 
 
 def test_dpo_loss_is_the_reference_formula(in_tmp, family):

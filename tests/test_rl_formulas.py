@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import DATA, forward_precision, precision_scale, write_recipe
+from helpers import DATA, forward_precision, move_policy, precision_scale, write_recipe
 from rich.console import Console
 
 from kitcli.recipe.load import load_recipe
@@ -25,17 +25,12 @@ from kitcli.recipe.stage_context import StageContext
 from kitcli.stages import grpo, gspo
 from kitcli.training.trainers import is_unsloth_class
 
-pytestmark = pytest.mark.slow  # every test here builds or trains a model
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("family")]  # every test builds a model, on both families
 
 GROUPS = 2
 G = 4  # completions per prompt
 SCORES = [1.0, 0.0, 0.0, 1.0, 0.5, 2.0, 0.5, 0.0]  # group 1, then group 2
 TEMPERATURE = 0.8  # not 1, so a trainer that forgot the sampling temperature in its log-probs would be caught
-
-
-@pytest.fixture(autouse=True)
-def family(trainer_family) -> str:
-    return trainer_family
 
 
 def build(tmp_path: Path, stage_type: str, train: dict | None = None, variant: str | None = None):
@@ -147,24 +142,35 @@ def clipped(ratio, advantage, low, high):
 
 
 def test_grpo_loss_matches_deepseekmath_formula(tmp_path):
-    """L = -1/G sum_i 1/|o_i| sum_t [min(r A, clip(r) A) - beta KL_t], KL_t = pi_ref/pi - log(pi_ref/pi) - 1."""
-    trainer = build(tmp_path, "grpo", variant="grpo")
-    batch, _ = with_old_logps(trainer, generation_batch(trainer), spread=0.4)
+    """L = -1/G sum_i 1/|o_i| sum_t [min(r A, clip(r) A) - beta KL_t], KL_t = pi_ref/pi - log(pi_ref/pi) - 1,
+    with the policy moved off its reference first (a fresh LoRA has B = 0: KL and its gradient would be 0 whatever
+    the trainer does) and the reference log-probs computed here, from the starting weights, not taken from the
+    trainer. A dropped or sign-flipped KL term, or a reference that follows the live policy, fails."""
+    trainer = build(tmp_path, "grpo", variant="grpo", train={"beta": 0.5})
     config = trainer.args
-    assert (config.loss_type, config.beta, config.epsilon) == ("grpo", 0.04, 0.2)
+    assert (config.loss_type, config.beta, config.epsilon) == ("grpo", 0.5, 0.2)
+    model = trainer.model
+    move_policy(model, 0.025)  # before sampling: the trainer's reference log-probs must still be the start's
+    batch, _ = with_old_logps(trainer, generation_batch(trainer), spread=0.4)
     mask = batch["completion_mask"].float()
     advantages = batch["advantages"].unsqueeze(1)
+    with torch.no_grad(), model.disable_adapter():  # the starting policy: the base (its fresh adapter adds 0)
+        start = policy_logps(model, batch)
+    torch.testing.assert_close(batch["ref_per_token_logps"], start, rtol=1e-4 * precision_scale(),
+                               atol=1e-5 * precision_scale())
 
-    logps = policy_logps(trainer.model, batch)
+    logps = policy_logps(model, batch)
     ratio = torch.exp(logps - batch["old_per_token_logps"])
-    log_ref_ratio = batch["ref_per_token_logps"] - logps
+    log_ref_ratio = start - logps
     kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1
+    mean_kl = ((kl * mask).sum() / mask.sum()).item()
+    assert mean_kl > 0.01, "the policy must have moved off its reference, or the KL term is not tested"
     per_token = clipped(ratio, advantages, config.epsilon, config.epsilon_high) - config.beta * kl
     ours = -((per_token * mask).sum(1) / mask.sum(1)).mean()
     assert 0 < ((ratio - 1).abs() > config.epsilon).float().mean() < 1, "the batch must exercise the clipping"
 
-    assert_same(loss_and_grads(trainer.compute_loss(trainer.model, batch), trainer.model),
-                loss_and_grads(ours, trainer.model))
+    assert_same(loss_and_grads(trainer.compute_loss(model, batch), model), loss_and_grads(ours, model))
+    assert trainer._metrics["eval"]["kl"][-1] == pytest.approx(mean_kl, rel=1e-4 * precision_scale())
 
 
 def test_gspo_sequence_ratio_and_clipped_objective(tmp_path):

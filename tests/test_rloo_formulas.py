@@ -14,16 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import DATA, stage_context, write_recipe
+from helpers import DATA, move_policy, stage_context, write_recipe
 from test_rl_formulas import GROUPS, SCORES, TEMPERATURE, G, assert_same, clipped, loss_and_grads, policy_logps
 
 from kitcli.stages import grpo, rloo
 from kitcli.training.trainers import is_unsloth_class
 
-
-@pytest.fixture(autouse=True)
-def family(trainer_family) -> str:
-    return trainer_family
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("family")]  # every test builds a model, on both families
 
 
 def build(tmp_path: Path, train: dict | None = None):
@@ -42,15 +39,6 @@ def build(tmp_path: Path, train: dict | None = None):
     assert is_unsloth_class(type(trainer)) == (os.environ["KIT_TRAINERS"] == "unsloth"), type(trainer)
     assert type(trainer).__name__.removeprefix("Unsloth") == "RLOOTrainer"
     return trainer
-
-
-def move_policy(model, size: float = 0.3) -> None:
-    """Move the trained adapter away from its start (the frozen reference stays), as training would."""
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if ".default." in name and "lora_B" in name:
-                param.add_(size * torch.randn(param.shape, generator=generator).to(param))
 
 
 def generation_batch(trainer) -> dict:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("kitcli", "rewards")
 MAX_LINES = 450
@@ -78,3 +80,14 @@ def test_no_circle_among_top_level_imports():
     for name in sorted(graph):
         if name not in state:
             visit(name, [name])
+
+
+def test_fast_tests_cannot_build_a_trainer(request, fast_tests_train_nothing):
+    """`make test-fast` trains nothing: under -m "not slow" building a trainer fails the test (conftest)."""
+    from kitcli.training import trainers
+
+    fast = (request.config.option.markexpr or "").replace(" ", "") == "notslow"
+    assert fast_tests_train_nothing == fast
+    if fast:
+        with pytest.raises(pytest.fail.Exception, match="mark it slow"):
+            trainers.trainer_class("sft")

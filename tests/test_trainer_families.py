@@ -17,7 +17,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from helpers import DATA, TINY_MODEL, forward_precision, metrics, precision_scale, run_cli, stage_context, write_recipe
+from helpers import (
+    DATA,
+    TINY_MODEL,
+    completion_logprob,
+    metrics,
+    precision_scale,
+    run_cli,
+    stage_context,
+    write_recipe,
+)
 
 from kitcli.training.trainers import is_unsloth_class
 
@@ -41,24 +50,28 @@ def assert_family(trainer, family: str) -> None:
     assert is_unsloth_class(type(trainer)) == (family == "unsloth"), type(trainer)
 
 
-def test_grpo_first_kl_is_zero_after_sft(trainer_family, tmp_path):
+VARIED_REWARD = """
+def varied(prompts, completions, **kwargs):  # dense and deterministic: every group has a spread, so the policy moves
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [(sum(map(ord, t)) % 10) / 10 for t in texts]
+"""
+
+
+def test_grpo_kl_is_zero_at_the_start_and_grows_as_the_policy_moves(trainer_family, tmp_path):
+    """The first logged KL of SFT -> GRPO is 0 (the reference is the SFT model the stage starts from, not the base),
+    and once the policy has moved it is not (a reference that followed the live policy would log 0 throughout)."""
+    (tmp_path / "varied.py").write_text(VARIED_REWARD)
     grpo = {"name": "grpo", "type": "grpo", "init": "sft", "variant": "grpo", "data": PROMPTS,
-            "rewards": ["exact_match"],
-            "train": {"max_steps": 1, "per_device_train_batch_size": 8, "num_generations": 4,
+            "rewards": ["varied.py:varied"],
+            "train": {"max_steps": 2, "per_device_train_batch_size": 8, "num_generations": 4, "learning_rate": 2e-3,
                       "max_completion_length": 4, "logging_steps": 1, "temperature": 1.0}}
     result = run_cli("run", write_recipe(tmp_path / "r.yaml", [SFT, grpo]), "--output", tmp_path / "run")
     assert ("UnslothGRPOTrainer (Unsloth)" if trainer_family == "unsloth" else "GRPOTrainer (TRL)") in result.output
     assert "reference = frozen 'ref' adapter, a copy of the starting adapter" in result.output
-    first = next(row for row in metrics(tmp_path / "run" / "grpo") if "kl" in row)
-    assert first["step"] == 1 and abs(first["kl"]) < 1e-6, first["kl"]
-
-
-def completion_logprob(model, prompt_ids: list[int], completion_ids: list[int]) -> torch.Tensor:
-    ids = torch.tensor([prompt_ids + completion_ids], device=model.device)
-    with forward_precision():
-        logits = model(input_ids=ids).logits[0].float()
-    token_logps = torch.log_softmax(logits[:-1], dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
-    return token_logps[len(prompt_ids) - 1:].sum()
+    logged = [row for row in metrics(tmp_path / "run" / "grpo") if "kl" in row]
+    assert [row["step"] for row in logged] == [1, 2]
+    assert abs(logged[0]["kl"]) < 1e-6, logged[0]["kl"]
+    assert logged[-1]["kl"] > 1e-4, [row["kl"] for row in logged]
 
 
 def test_dpo_reference_is_the_sft_model(trainer_family, sft_run, tmp_path):
