@@ -264,8 +264,8 @@ def test_the_example_file_runs_and_its_rewards_load():
 
 def test_reward_modules_import_nothing_heavy():
     code = ("import sys, kitcli.commands.cli, kitcli.commands.rewards, rewards.builtin, rewards.registry, "
-            "rewards.guard, rewards.check, rewards.sandbox, kitcli.commands.rewards_preview, rewards.reward_model, "
-            "rewards.text\n"
+            "rewards.guard, rewards.sample_scores, rewards.sandbox, kitcli.commands.rewards_preview, "
+            "rewards.reward_model, rewards.text\n"
             "heavy = [m for m in ('torch', 'transformers', 'trl', 'math_verify', 'sympy', 'unsloth') "
             "if m in sys.modules]\nassert not heavy, heavy")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)

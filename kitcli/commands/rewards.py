@@ -97,9 +97,9 @@ def rewards_test(reward: str, data_path: str, arg_items: tuple[str, ...], run_di
     from rich.table import Table
 
     from kitcli.data.rows import read_rows
-    from rewards.check import format_number, score_sample
     from rewards.guard import format_range
     from rewards.registry import check_data, load_reward, required_columns
+    from rewards.sample_scores import format_number, score_sample
 
     where = "kit rewards test"
     path = Path(data_path)
@@ -142,7 +142,7 @@ def rewards_test(reward: str, data_path: str, arg_items: tuple[str, ...], run_di
 
 
 def print_distribution(out, report) -> None:
-    from rewards.check import format_number, histogram
+    from rewards.sample_scores import format_number, histogram
 
     summary = report.summary()
     if summary.get("scored"):

@@ -104,8 +104,8 @@ def preview(recipe_name: str, *, stage_name: str | None, count: int, run_dir: Pa
     from rich.table import Table
 
     from kitcli.recipe.load import load_recipe
-    from rewards.check import format_number, histogram, score_sample, weighted_total
     from rewards.registry import check_data
+    from rewards.sample_scores import format_number, histogram, score_sample, weighted_total
     from rewards.text import completion_text, prompt_text
 
     recipe = load_recipe(recipe_name, overrides)
