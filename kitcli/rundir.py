@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kitcli.errors import KitError
+from kitcli.records import read_jsonl
 
 LOCK_NAME = "recipe.lock.yaml"
 SECRET_KEY_PARTS = ("token", "api_key", "apikey", "secret", "password")
@@ -35,19 +36,6 @@ def write_atomic(path: Path, text: str) -> None:
     staging = path.with_name(path.name + ".tmp")
     staging.write_text(text, encoding="utf-8")
     os.replace(staging, path)
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every JSON object of a JSONL file; a line cut short by a kill is skipped (a resume rewrites it)."""
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
 
 
 def redact(value: Any) -> Any:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kitcli.errors import KitError
+from kitcli.records import read_jsonl
 
 
 def fingerprint(spec: dict[str, Any]) -> str:
@@ -96,7 +97,7 @@ def check_conversations(rows: list[dict[str, Any]], where: str, path: str) -> No
 def read_file(path: Path) -> list[dict[str, Any]]:
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        return read_jsonl(path)
+        return read_jsonl(path, strict=True)
     if suffix == ".json":
         return read_json(path)
     if suffix in (".csv", ".parquet"):
@@ -108,23 +109,6 @@ def read_file(path: Path) -> list[dict[str, Any]]:
             raise KitError(f"{path}: cannot read as {suffix[1:].upper()}: {str(error).splitlines()[0]}") from None
         return frame.to_dict(orient="records")
     raise KitError(f"{path}: unsupported dataset format '{suffix}'; use .jsonl, .json, .csv or .parquet")
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise KitError(f"{path}: line {number} is not valid JSON ({error.msg} at column "
-                               f"{error.colno})") from None
-            if not isinstance(row, dict):
-                raise KitError(f"{path}: line {number} must be a JSON object, got {type(row).__name__}")
-            rows.append(row)
-    return rows
 
 
 def read_json(path: Path) -> list[dict[str, Any]]:

@@ -33,6 +33,7 @@ from kitcli.errors import KitError
 from kitcli.recipe import stage_types
 from kitcli.recipe.load import Recipe
 from kitcli.recipe.stage_context import StageContext
+from kitcli.records import first_difference
 from kitcli.rundir import RunDir, redact
 from kitcli.training import interrupt
 
@@ -84,30 +85,13 @@ def model_file_fingerprint(name: str) -> dict[str, str] | None:
     return None if source is None else {"path": str(source), "sha256": gguf.file_sha256(source)}
 
 
-def first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b), key=str):
-            if (key not in a and not b[key]) or (key not in b and not a[key]):
-                continue  # a key a newer kit added with an empty default (e.g. data.chat: false) changes nothing
-            found = first_difference(a.get(key), b.get(key), f"{prefix}.{key}" if prefix else str(key))
-            if found:
-                return found
-        return None
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b)):
-            found = first_difference(x, y, f"{prefix}[{i}]")
-            if found:
-                return found
-        return None
-    return None if a == b else (prefix or "recipe")
-
-
 def same_run(lock: dict[str, Any], fresh: dict[str, Any]) -> str | None:
     """None when `lock` describes the same recipe and data as `fresh`, else the first key that differs."""
-    return first_difference({"recipe": lock.get("recipe"), "datasets": lock.get("datasets"),
-                             "model_file": lock.get("model_file")},
-                            {"recipe": fresh["recipe"], "datasets": fresh["datasets"],
-                             "model_file": fresh.get("model_file")})
+    found = first_difference({"recipe": lock.get("recipe"), "datasets": lock.get("datasets"),
+                              "model_file": lock.get("model_file")},
+                             {"recipe": fresh["recipe"], "datasets": fresh["datasets"],
+                              "model_file": fresh.get("model_file")})
+    return found[0] if found else None
 
 
 def choose_run_dir(recipe: Recipe, output: str | None, lock: dict[str, Any]) -> Path:
@@ -167,16 +151,11 @@ def check_resumable_stages(recipe: Recipe, run_dir: Path, existing: dict[str, An
         now = without_volatile(lock["resolved"][ctx.name])
         differs = first_difference(before, now) if before is not None else None
         if differs:
-            raise KitError(f"{ctx.where}: {checkpoint.name} was written with other settings ({differs} was "
-                           f"{lookup(before, differs)!r}, now {lookup(now, differs)!r}), so resuming would not "
-                           f"continue the same run; {way_out(ctx.stage_dir, checkpoint)}")
+            key, was, is_now = differs
+            raise KitError(f"{ctx.where}: {checkpoint.name} was written with other settings ({key} was {was!r}, now "
+                           f"{is_now!r}), so resuming would not continue the same run; "
+                           f"{way_out(ctx.stage_dir, checkpoint)}")
         check_lora_shape(checkpoint, stage_lora(ctx), ctx.where)
-
-
-def lookup(tree: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        tree = tree.get(part) if isinstance(tree, dict) else None
-    return tree
 
 
 def preflight(recipe: Recipe, run_dir: Path, console: Console) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from kitcli import dist
 from kitcli.errors import KitError
+from kitcli.records import first_difference
 from kitcli.rundir import StageDir
 
 if TYPE_CHECKING:
@@ -117,15 +118,6 @@ def required_files(stage_type: str, checkpoint: Path) -> list[str]:
 
 # --- was it written with these settings? ------------------------------------------------------------------------
 
-def first_setting_difference(saved: dict[str, Any], now: dict[str, Any]) -> tuple[str, Any, Any] | None:
-    for key in sorted(set(saved) | set(now)):
-        if key in VOLATILE_SETTINGS:
-            continue
-        if saved.get(key) != now.get(key):
-            return key, saved.get(key), now.get(key)
-    return None
-
-
 def check_settings(stage_dir: Path, checkpoint: Path, settings: dict[str, Any], where: str) -> None:
     """The stage's config.json (written when the interrupted run started) must equal what it would be now."""
     path = StageDir(stage_dir).config
@@ -133,7 +125,7 @@ def check_settings(stage_dir: Path, checkpoint: Path, settings: dict[str, Any], 
     if saved is None:
         raise KitError(f"{where}: {checkpoint.name} has no record of the settings it was trained with ({path} is "
                        f"missing or damaged); {way_out(stage_dir, checkpoint)}")
-    found = first_setting_difference(saved, json.loads(json.dumps(settings, default=str)))
+    found = first_difference(saved, json.loads(json.dumps(settings, default=str)), ignore=VOLATILE_SETTINGS)
     if found:
         key, before, now = found
         raise KitError(f"{where}: {checkpoint.name} was trained with train.{key} {before!r}, the stage now has "

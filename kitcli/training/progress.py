@@ -14,7 +14,8 @@ from rich.console import Console
 
 from kitcli.display.dashboard import DISPLAY, SAMPLES_SHOWN, StageDashboard, message_text
 from kitcli.recipe import stage_types
-from kitcli.rundir import StageDir, read_jsonl
+from kitcli.records import read_jsonl
+from kitcli.rundir import StageDir
 
 
 def stage_type_of(trainer) -> str | None:
