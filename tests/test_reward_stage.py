@@ -78,7 +78,7 @@ def test_merged_reward_model_ranks_chosen_above_rejected_more_often_than_before(
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from kitcli.models.reward_models import load_reward_model
-    from kitcli.stages.reward import train_eval_rows
+    from kitcli.stages.pairs import train_eval_rows
 
     recipe, run_dir, _ = sft_rm_run
     ctx = stage_context(recipe, "rm", run_dir)

@@ -83,7 +83,7 @@ class Settings:
     @property
     def pairs(self) -> bool:
         """It trains on preference pairs: chosen and rejected go through the model together."""
-        from kitcli.stages.reward import PreferenceSection
+        from kitcli.stages.pairs import PreferenceSection
 
         return issubclass(self.spec.section, PreferenceSection)
 

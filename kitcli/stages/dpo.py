@@ -35,7 +35,7 @@ from kitcli.errors import KitError
 from kitcli.models.backend import cuda_available, is_peft_model, load_stage_policy, save_model
 from kitcli.recipe.schema import StageSpec
 from kitcli.recipe.stage_context import StageContext
-from kitcli.stages.reward import PreferenceSection, describe_data, final_evaluation, has_eval, train_eval_rows
+from kitcli.stages.pairs import PreferenceSection, describe_data, final_evaluation, has_eval, train_eval_rows
 from kitcli.training import trainers
 from kitcli.training.checkpoints import resume_checkpoint, train
 from kitcli.training.progress import attach_progress, read_metrics

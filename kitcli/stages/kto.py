@@ -61,7 +61,7 @@ from kitcli.models.backend import cuda_available, is_peft_model, load_stage_poli
 from kitcli.recipe.schema import StageSpec
 from kitcli.recipe.stage_context import StageContext
 from kitcli.stages.dpo import several_passes
-from kitcli.stages.reward import PreferenceSection, check_pair, eval_fraction, final_evaluation, has_eval, on_disk
+from kitcli.stages.pairs import PreferenceSection, check_pair, eval_fraction, final_evaluation, has_eval, on_disk
 from kitcli.training import trainers
 from kitcli.training.checkpoints import resume_checkpoint, train
 from kitcli.training.progress import attach_progress, read_metrics
