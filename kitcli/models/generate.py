@@ -48,3 +48,49 @@ def generate(model, tokenizer, prompts: list[Any], *, max_new_tokens: int, batch
         tokenizer.padding_side = padding_side
         model.train(was_training)
     return completions
+
+
+def stop_token_ids(model, tokenizer) -> set[int]:
+    """The token ids a generation stops on: the generation config's EOS ids and the tokenizer's."""
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = set(configured if isinstance(configured, list) else [configured] if configured is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+def sample(model, tokenizer, prompts: list[Any], *, n: int, max_new_tokens: int, sampling: dict[str, Any],
+           batch_size: int = 8, seed: int = 0) -> list[list[tuple[str, list[int], bool]]]:
+    """`n` sampled completions of each prompt, as an RL trainer draws them: for each prompt a list of (text without
+    special tokens, completion token ids up to and including the stop token, truncated: no stop token within
+    max_new_tokens). `sampling` holds generate()'s sampling keywords (temperature, top_p, top_k, min_p,
+    repetition_penalty). Each batch of prompts is seeded from `seed` and its first prompt's index, so a batch gives
+    the same samples whether or not the batches before it ran in this process."""
+    import torch
+
+    stops = stop_token_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(stops), 0)
+    was_training = model.training
+    model.eval()
+    padding_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    groups: list[list[tuple[str, list[int], bool]]] = []
+    try:
+        for start in range(0, len(prompts), batch_size):
+            torch.manual_seed(seed * 1_000_003 + start)
+            texts = [prompt_text(tokenizer, p) for p in prompts[start:start + batch_size]]
+            batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+            with torch.no_grad():
+                output = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=True, pad_token_id=pad,
+                                        num_return_sequences=n, **sampling)
+            for row in range(len(texts)):
+                group = []
+                for new in output[row * n:(row + 1) * n, batch["input_ids"].shape[1]:].tolist():
+                    end = next((i for i, t in enumerate(new) if t in stops), None)
+                    ids = new if end is None else new[:end + 1]
+                    group.append((tokenizer.decode(ids, skip_special_tokens=True), ids, end is None))
+                groups.append(group)
+    finally:
+        tokenizer.padding_side = padding_side
+        model.train(was_training)
+    return groups

@@ -220,10 +220,12 @@ def normalized(typed, raw: dict, source: str) -> dict[str, Any]:
     data: dict[str, Any] = {"name": typed.name or Path(source).stem, "description": typed.description,
                             "seed": typed.seed, "model": typed.model.model_dump(),
                             "lora": typed.lora.model_dump() if typed.lora is not None else None, "stages": []}
+    if typed.check is not None:  # only when set: a lock written before the key existed stays the same run
+        data["check"] = typed.check
     for stage, given in zip(typed.stages, raw["stages"]):
         checked = copy.deepcopy(given)
         checked["name"] = stage.name or stage.type
-        for key in ("data", "eval_data", "reward_model", "generation"):
+        for key in ("data", "eval_data", "reward_model", "generation", "filter"):
             value = getattr(stage, key, None)
             if value is not None:
                 checked[key] = value.model_dump()

@@ -231,6 +231,17 @@ class StageSection(Section):
     init: str | None = Field(None, description="An earlier stage whose output this stage starts from.")
     config: ClassVar[str | None] = None  # the trainer config class its `train:` block sets
 
+    @model_validator(mode="before")
+    @classmethod
+    def filter_here(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and "filter" in raw and "filter" not in cls.model_fields:
+            from kitcli.recipe import stage_types
+
+            takers = [t for t, s in stage_types.specs().items() if "filter" in s.section.model_fields]
+            raise fail(f"filter: keeps prompts by the starting policy's pass rate, so it belongs to a stage that "
+                       f"samples completions ({', '.join(takers)}), not to a {raw.get('type')} stage; remove it")
+        return raw
+
 
 class TrainingSection(StageSection):
     """A stage that trains: its data and its trainer config's fields."""
@@ -345,6 +356,8 @@ def recipe_model(specs: dict[str, StageSpec]) -> type[BaseModel]:
         model: ModelSpec = Field(description="The base model.")
         lora: LoraSpec | None = Field(default_factory=LoraSpec, description="LoRA settings, or false for full "
                                                                              "fine-tuning.")
+        check: Literal["warn", "strict"] | None = Field(None, description="strict: `kit check`'s findings "
+                                                                          "stop `kit run` (default: warnings).")
         stages: list[Stage] = Field(description="The stages, run in order.")
 
         @model_validator(mode="before")

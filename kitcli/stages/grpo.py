@@ -57,9 +57,10 @@ from kitcli import dist
 from kitcli.data.rows import read_rows, to_dataset, with_system_prompt
 from kitcli.errors import KitError
 from kitcli.models.backend import cuda_available, load_stage_policy, save_model
-from kitcli.recipe.schema import RESERVED_TRAIN, RewardedSection, StageSpec
+from kitcli.recipe.schema import RESERVED_TRAIN, StageSpec
 from kitcli.recipe.stage_context import StageContext
 from kitcli.training.checkpoints import resume_checkpoint, train
+from kitcli.training.filtering import FilteredSection, filter_prompts, filter_summary
 from kitcli.training.progress import attach_progress, make_reward_metrics_callback, read_metrics
 from kitcli.training.trainers import trainer_summary
 from kitcli.training.trl_config import COMMON_DEFAULTS, build_config, config_dict, config_summary
@@ -94,7 +95,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 DEFAULT_VARIANT = "grpo"
 
 
-class GRPOSection(RewardedSection):
+class GRPOSection(FilteredSection):
     """GRPO: TRL's GRPOTrainer with a `variant:` preset of the objective."""
 
     type: Literal["grpo"]
@@ -363,6 +364,7 @@ def build_trainer(ctx: StageContext, preset: dict[str, Any], config=None, kind: 
     check_enough_prompts(ctx, len(rows), config)
     loaded = load_stage_policy(ctx.model, lora=ctx.recipe.data["lora"], seed=ctx.seed, init_from=ctx.init_dir,
                                log=ctx.log)
+    rows = filter_prompts(ctx, rows, rewards, loaded, config)  # `filter:`: the prompts the starting policy can learn
     stats = RewardStats()
     reward_funcs: list[Any] = guard_rewards(rewards, stats)
     processing: list[Any] = [None] * len(reward_funcs)
@@ -403,7 +405,7 @@ def train_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any]
     save_model(model, loaded.tokenizer, ctx.stage_dir)
     logged = read_metrics(metrics_path)
     rewards = [row["reward"] for row in logged if "reward" in row]
-    summary = {**extra, **trainer_summary(trainer), "steps": trainer.state.global_step,
+    summary = {**extra, **trainer_summary(trainer), **filter_summary(ctx), "steps": trainer.state.global_step,
                "resumed_from": resume.name if resume else None,
                "reward_first": window_mean(rewards, first=True), "reward_last": window_mean(rewards, first=False),
                "backend": loaded.backend}

@@ -40,12 +40,13 @@ from pydantic import Field
 
 from kitcli import dist
 from kitcli.errors import KitError
-from kitcli.recipe.schema import RESERVED_TRAIN, RewardedSection, StageSpec
+from kitcli.recipe.filter_spec import FilteredSection
+from kitcli.recipe.schema import RESERVED_TRAIN, StageSpec
 from kitcli.recipe.stage_context import StageContext
 from kitcli.stages import grpo
 
 
-class GSPOSection(RewardedSection):
+class GSPOSection(FilteredSection):
     """GSPO: GRPO with the importance ratio and clipping at the sequence level (the paper's configuration)."""
 
     type: Literal["gspo"]

@@ -52,12 +52,13 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from kitcli.recipe.schema import RESERVED_TRAIN, RewardedSection, StageSpec
+from kitcli.recipe.filter_spec import FilteredSection
+from kitcli.recipe.schema import RESERVED_TRAIN, StageSpec
 from kitcli.recipe.stage_context import StageContext
 from kitcli.stages import grpo
 
 
-class RLOOSection(RewardedSection):
+class RLOOSection(FilteredSection):
     """RLOO: TRL's RLOOTrainer (REINFORCE with a leave-one-out baseline, KL penalty in the reward)."""
 
     type: Literal["rloo"]

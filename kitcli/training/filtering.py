@@ -1,0 +1,209 @@
+"""Difficulty filtering: an RL stage trains only on the prompts its starting policy sometimes solves.
+
+    filter: {k: 8, min_pass: 0.1, max_pass: 0.9}       # in a grpo / gspo / rloo stage (kitcli/recipe/filter_spec.py)
+    kit data filter smol-grpo grpo -o kept.jsonl       # the same, written to a file
+
+Before training, the stage samples k completions of every prompt from the policy it starts from (the model it has
+just loaded, with the earlier stage's adapter), at the stage's own sampling settings (temperature, top_p, top_k,
+min_p, repetition_penalty, max_completion_length), scores them with its rewards (kitcli/training/signal.py says what
+passes) and keeps the prompts whose pass rate lies in [min_pass, max_pass]: a prompt solved every time or never
+gives a group with equal rewards, hence zero advantage (DAPO's dynamic sampling drops such groups during training;
+this drops them before, once). The pass rates are cached in `<stage>/filter/<key>.jsonl`, one line per prompt,
+written batch by batch: the key hashes the starting policy (its adapter's bytes, or the base model's name and
+file), the data (file hash, columns, limit, chat, system prompt), the rewards, the seed, k and the sampling
+settings, so an interrupted stage resumes where it stopped and a changed bound reuses every rate. The kept share
+and the pass-rate histograms go to the stage's DONE (`filter`) and the report. A filter that keeps no prompt, or
+fewer than one generation batch draws, stops the stage before training with the histogram and the bound at fault.
+
+TRL's own knob during training: none in TRL 1.15 for GRPO (it logs frac_reward_zero_std); a DAPO-style resample is
+not offered, and `loss_type: dapo` only masks truncated completions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from kitcli.errors import KitError
+from kitcli.recipe.filter_spec import FilteredSection, FilterSpec  # noqa: F401  (the stages' section, one import)
+from kitcli.rundir import write_atomic
+from kitcli.training.signal import Group, histogram, pass_rule, score_groups, summarize
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+SUMMARY_NAME = "summary.json"
+
+
+def filter_dir(stage_dir: Path) -> Path:
+    return Path(stage_dir) / "filter"
+
+
+def sampling_settings(values: Any) -> tuple[dict[str, Any], int]:
+    """generate()'s sampling keywords and max_new_tokens from a resolved config (a TRL config or a dict)."""
+    get = values.get if isinstance(values, dict) else (lambda key, default=None: getattr(values, key, default))
+    sampling = {key: get(key) for key in SAMPLING_KEYS if get(key) is not None}
+    if sampling.get("top_k") == 0:
+        sampling.pop("top_k")  # TRL's 0 means no top-k; transformers' generate wants it unset
+    return sampling, int(get("max_completion_length") or 256)
+
+
+def file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def policy_fingerprint(model_name: str, init_dir: Path | None) -> str:
+    """What the starting policy is: the earlier stage's saved adapter (or model) bytes, else the base model."""
+    if init_dir is not None:
+        saved = next((p for p in (Path(init_dir) / "adapter", Path(init_dir) / "model") if p.is_dir()), None)
+        if saved is not None:
+            weights = sorted(saved.glob("*.safetensors")) or sorted(saved.glob("*.bin"))
+            return "+".join(file_digest(p)[:16] for p in weights)
+    from kitcli.models import gguf
+
+    source = None if model_name == "tiny" else gguf.source_file(model_name)
+    return model_name if source is None else f"{model_name}@{gguf.file_sha256(source)[:16]}"
+
+
+def cache_key(*, policy: str, stage: dict[str, Any], seed: int, k: int, sampling: dict[str, Any],
+              max_new_tokens: int, rule: str) -> str:
+    from kitcli.data.rows import fingerprint
+
+    data = stage["data"]
+    described = {"policy": policy, "data": fingerprint(data), "columns": data.get("columns"),
+                 "limit": data.get("limit"), "chat": data.get("chat"), "system_prompt": stage.get("system_prompt"),
+                 "rewards": stage.get("rewards"), "seed": seed, "k": k, "sampling": sampling,
+                 "max_new_tokens": max_new_tokens, "pass": rule}
+    return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def read_cached(path: Path | None) -> dict[int, Group]:
+    from kitcli.rundir import read_jsonl
+
+    if path is None:
+        return {}
+    return {record["index"]: Group.from_record(record) for record in read_jsonl(path)}
+
+
+def measure_groups(model, tokenizer, rows: list[dict[str, Any]], rewards, rule, *, k: int, sampling: dict[str, Any],
+                   max_new_tokens: int, seed: int, cache: Path | None = None, batch_size: int = 8,
+                   log=None) -> list[Group]:
+    """k samples of each row's prompt, scored; prompts already in `cache` are not sampled again, and each batch
+    is appended to it as soon as it is scored (a kill loses at most one batch)."""
+    from kitcli.models.generate import sample
+
+    done = read_cached(cache)
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+    todo = [i for i in range(len(rows)) if i not in done]
+    if done and log:
+        log(f"filter: {len(done)} of {len(rows)} prompts' pass rates read from {cache}")
+    for start in range(0, len(todo), batch_size):
+        indices = todo[start:start + batch_size]
+        batch = [rows[i] for i in indices]
+        samples = sample(model, tokenizer, [row["prompt"] for row in batch], n=k, max_new_tokens=max_new_tokens,
+                         sampling=sampling, batch_size=batch_size, seed=seed + indices[0])
+        groups = score_groups(rewards, rule, batch, samples)
+        for index, group in zip(indices, groups):
+            group.index = index
+            done[index] = group
+        if cache is not None:
+            with open(cache, "a", encoding="utf-8") as f:
+                for group in groups:
+                    f.write(json.dumps(group.record()) + "\n")
+        if log and (start // batch_size) % 10 == 9:
+            log(f"filter: {len(done)}/{len(rows)} prompts sampled")
+    return [done[i] for i in range(len(rows))]
+
+
+def keep_within(groups: list[Group], min_pass: float, max_pass: float) -> list[int]:
+    """Indices of the groups whose pass rate lies in [min_pass, max_pass]."""
+    return [g.index for g in groups if min_pass - 1e-12 <= g.pass_rate <= max_pass + 1e-12]
+
+
+def format_histogram(counts: list[int]) -> str:
+    width = 1 / len(counts)
+    return ", ".join(f"{i * width:.1f}-{(i + 1) * width:.1f}: {n}" for i, n in enumerate(counts) if n)
+
+
+def filter_record(groups: list[Group], kept: list[int], spec: dict[str, Any], rule_text: str,
+                  key: str) -> dict[str, Any]:
+    """What the DONE marker and the report hold of a filter."""
+    kept_set = set(kept)
+    before = summarize(groups)
+    record = {"k": spec["k"], "min_pass": spec["min_pass"], "max_pass": spec["max_pass"], "pass": rule_text,
+              "cache_key": key, "prompts": len(groups), "kept": len(kept), "kept_share": len(kept) / len(groups),
+              "below_min": sum(g.pass_rate < spec["min_pass"] - 1e-12 for g in groups),
+              "above_max": sum(g.pass_rate > spec["max_pass"] + 1e-12 for g in groups),
+              "pass_rate_histogram_before": before["pass_rate_histogram"],
+              "pass_rate_histogram_after": histogram([g.pass_rate for g in groups if g.index in kept_set]),
+              "zero_variance_share_before": before["zero_variance_share"],
+              "truncated_share_before": before["truncated_share"]}
+    if kept:
+        after = summarize([g for g in groups if g.index in kept_set])
+        record.update(zero_variance_share_after=after["zero_variance_share"],
+                      truncated_share_after=after["truncated_share"])
+    return record
+
+
+def check_kept(record: dict[str, Any], needed: int, where: str) -> None:
+    """Stop before training when the filter leaves nothing (or less than one generation batch) to train on."""
+    if record["kept"] >= max(needed, 1):
+        return
+    fault = ("min_pass", record["min_pass"], record["below_min"]) if record["below_min"] >= record["above_max"] \
+        else ("max_pass", record["max_pass"], record["above_max"])
+    short = "no prompt" if not record["kept"] else f"{record['kept']} prompts, fewer than the {needed} one " \
+                                                   f"generation batch draws,"
+    raise KitError(f"{where}: filter: kept {short} of {record['prompts']} (pass = {record['pass']}; pass rates "
+                   f"over k={record['k']}: {format_histogram(record['pass_rate_histogram_before'])}); "
+                   f"{fault[0]} {fault[1]:g} removed {fault[2]}; widen the bounds or give other prompts")
+
+
+def run_filter(*, model, tokenizer, rows: list[dict[str, Any]], rewards, stage: dict[str, Any], model_name: str,
+               init_dir: Path | None, values: Any, seed: int, where: str, cache_dir: Path | None,
+               needed: int = 1, log=None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The rows a stage's `filter:` keeps, and its record. `values` is the stage's resolved config."""
+    spec = FilterSpec.model_validate(stage["filter"]).model_dump()
+    names = [r["name"] if isinstance(r, dict) else r for r in stage.get("rewards") or []]
+    rule = pass_rule(rewards, spec, where, names)
+    sampling, max_new_tokens = sampling_settings(values)
+    key = cache_key(policy=policy_fingerprint(model_name, init_dir), stage=stage, seed=seed, k=spec["k"],
+                    sampling=sampling, max_new_tokens=max_new_tokens, rule=rule.describe)
+    cache = None if cache_dir is None else Path(cache_dir) / f"{key}.jsonl"
+    if log:
+        log(f"filter: sampling {spec['k']} completions of each of {len(rows)} prompts from the starting policy "
+            f"(pass = {rule.describe}); keeping pass rates in [{spec['min_pass']:g}, {spec['max_pass']:g}]")
+    groups = measure_groups(model, tokenizer, rows, rewards, rule, k=spec["k"], sampling=sampling,
+                            max_new_tokens=max_new_tokens, seed=seed, cache=cache, log=log)
+    kept = keep_within(groups, spec["min_pass"], spec["max_pass"])
+    record = filter_record(groups, kept, spec, rule.describe, key)
+    if cache_dir is not None:
+        write_atomic(Path(cache_dir) / SUMMARY_NAME, json.dumps(record, indent=2))
+    check_kept(record, needed, where)
+    if log:
+        log(f"filter: kept {record['kept']} of {record['prompts']} prompts ({record['kept_share']:.0%}); pass rates "
+            f"before: {format_histogram(record['pass_rate_histogram_before'])}")
+    return [rows[i] for i in kept], record
+
+
+def filter_prompts(ctx, rows: list[dict[str, Any]], rewards, loaded, config) -> list[dict[str, Any]]:
+    """The stage's hook (kitcli/stages/grpo.py build_trainer): its rows after `filter:`, or as they are."""
+    if not ctx.stage.get("filter"):
+        return rows
+    kept, _ = run_filter(model=loaded.model, tokenizer=loaded.tokenizer, rows=rows, rewards=rewards,
+                         stage=ctx.stage, model_name=ctx.model["name"], init_dir=ctx.init_dir, values=config,
+                         seed=ctx.seed, where=ctx.where, cache_dir=filter_dir(ctx.stage_dir),
+                         needed=config.generation_batch_size // config.num_generations, log=ctx.log)
+    return kept
+
+
+def filter_summary(ctx) -> dict[str, Any]:
+    """{"filter": record} for the stage's DONE when it filtered its prompts, else {}."""
+    path = filter_dir(ctx.stage_dir) / SUMMARY_NAME
+    if not ctx.stage.get("filter") or not path.is_file():
+        return {}
+    return {"filter": json.loads(path.read_text())}
