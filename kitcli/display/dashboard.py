@@ -26,6 +26,7 @@ from typing import Any
 from rich.console import Console
 
 from kitcli.display.alarms import AlarmMonitor
+from kitcli.display.formatting import clip, format_value
 from kitcli.recipe import stage_types
 from kitcli.rundir import StageDir
 
@@ -97,14 +98,6 @@ def emit_json(obj: dict[str, Any]) -> None:
 
 # --- formatting ---------------------------------------------------------------------------------------------
 
-def format_value(value: Any) -> str:
-    if isinstance(value, float):
-        if value == 0 or (1e-3 <= abs(value) < 1e4):
-            return f"{value:.4g}"
-        return f"{value:.2e}"
-    return str(value)
-
-
 def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -156,19 +149,6 @@ def clock(seconds: float) -> str:
     seconds = int(round(seconds))
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 \
         else f"{seconds // 60}:{seconds % 60:02d}"
-
-
-def message_text(value: Any) -> str:
-    """A prompt or completion as one line: the last message's content for conversations."""
-    if isinstance(value, list) and value and isinstance(value[-1], dict):
-        value = value[-1].get("content", "")
-    elif isinstance(value, dict):
-        value = value.get("content", "")
-    return " ".join(str(value).split())
-
-
-def clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 # --- the display of one stage -------------------------------------------------------------------------------

@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from kitcli.display import svgplot
+from kitcli.display.formatting import format_value, message_text
 from kitcli.errors import KitError
 from kitcli.recipe import stage_types
-from kitcli.rundir import LOCK_NAME, RunDir, StageDir, read_jsonl
+from kitcli.records import read_jsonl
+from kitcli.rundir import LOCK_NAME, RunDir, StageDir
 
 FALLBACK_SKIP = {"step", "epoch", "time", "total_flos", "num_tokens", "train_runtime", "train_samples_per_second",
                  "train_steps_per_second", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
@@ -242,17 +244,6 @@ def curve_summary(rows: list[dict[str, Any]], keys: list[str]) -> list[list[str]
     return out
 
 
-def format_value(value: float) -> str:
-    return f"{value:.4g}" if value == 0 or 1e-3 <= abs(value) < 1e5 else f"{value:.3e}"
-
-
-def message_text(value: Any, limit: int = 160) -> str:
-    if isinstance(value, list) and value and isinstance(value[-1], dict):
-        value = value[-1].get("content", "")
-    text = " ".join(str(value).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def write_report(run_dir: Path) -> Path:
     """Write `<run_dir>/report.md` and `<run_dir>/plots/*.svg`; returns the report's path."""
     run = load_run(Path(run_dir))
@@ -326,7 +317,8 @@ def write_report(run_dir: Path) -> Path:
                       markdown_table(["reward", "prompt", "completion"],
                                      [[format_score(c.get("reward", sum(v for v in (c.get("rewards") or {}).values()
                                                                          if isinstance(v, (int, float))))),
-                                       message_text(c.get("prompt", ""), 80), message_text(c.get("completion", ""))]
+                                       message_text(c.get("prompt", ""), 80),
+                                       message_text(c.get("completion", ""), 160)]
                                       for c in recent]), ""]
     path = RunDir(run.run_dir).report
     path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
@@ -343,9 +335,9 @@ def eval_section(record: StageRecord, shown: int = 5) -> list[str]:
             (["reward"] if "reward" in samples[0] else [])
         rows = []
         for s in samples:
-            row = [message_text(s.get("prompt"), 80), message_text(s.get("completion"))]
+            row = [message_text(s.get("prompt"), 80), message_text(s.get("completion"), 160)]
             if "answer" in s:
-                row += [message_text(s["answer"]), "yes" if s.get("correct") else "no"]
+                row += [message_text(s["answer"], 160), "yes" if s.get("correct") else "no"]
             if "reward" in s:
                 row.append(format_score(s["reward"]))
             rows.append(row)

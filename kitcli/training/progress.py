@@ -12,7 +12,8 @@ from typing import Any
 
 from rich.console import Console
 
-from kitcli.display.dashboard import DISPLAY, SAMPLES_SHOWN, StageDashboard, message_text
+from kitcli.display.dashboard import DISPLAY, SAMPLES_SHOWN, StageDashboard
+from kitcli.display.formatting import message_text
 from kitcli.recipe import stage_types
 from kitcli.records import read_jsonl
 from kitcli.rundir import StageDir
