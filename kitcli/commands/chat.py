@@ -21,7 +21,7 @@ import click
 
 from kitcli.errors import KitError, did_you_mean
 from kitcli.recipe.stage_types import is_policy, spec_output
-from kitcli.rundir import LOCK_NAME, RunDir, StageDir, find_run
+from kitcli.rundir import LOCK_NAME, StageDir, find_run, read_run_lock
 
 
 @dataclass
@@ -55,16 +55,6 @@ class PolicyStage:
     @property
     def saved(self) -> Path:
         return self.dir.saved_model() or self.dir.model
-
-
-def read_run_lock(run: RunDir) -> dict[str, Any]:
-    try:
-        lock = run.read_lock()
-    except (OSError, KitError) as error:
-        raise KitError(f"cannot read {run.lock_path} ({error}); is {run.path} a kit run directory?") from None
-    if not isinstance(lock, dict) or not isinstance(lock.get("recipe"), dict):
-        raise KitError(f"{run.lock_path} has no 'recipe'; it was not written by `kit run`")
-    return lock
 
 
 def resolve_policy_stage(path: str | Path, command: str) -> PolicyStage:

@@ -27,6 +27,12 @@ def make_console(quiet: bool = False, stderr: bool = False):
     return Console(quiet=quiet, highlight=False, stderr=stderr)
 
 
+def no_lock_option(command):
+    return click.option("--no-lock", is_flag=True,
+                        help="Go on without the run directory's lock where its filesystem has no file locks (some "
+                             "network mounts); then make sure yourself that no other kit run writes there.")(command)
+
+
 def output_options(command):
     """--quiet and --json: how progress is shown (default: a live dashboard on a terminal, plain lines elsewhere)."""
     command = click.option("--json", "as_json", is_flag=True,
@@ -51,10 +57,11 @@ def main() -> None:
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
 @click.option("--dry-run", is_flag=True, help="Print the resolved configuration of every stage and exit.")
 @click.option("--force", is_flag=True, help="Redo every stage, even finished ones.")
+@no_lock_option
 @output_options
 @launcher_options
 def run(recipe: str | None, from_lock: str | None, output: str | None, overrides: tuple[str, ...], dry_run: bool,
-        force: bool, quiet: bool, as_json: bool, launcher: str | None, num_processes: int | None,
+        force: bool, no_lock: bool, quiet: bool, as_json: bool, launcher: str | None, num_processes: int | None,
         deepspeed: str | None, fsdp: bool, cpu: bool) -> None:
     """Run a recipe: a shipped name (see `kit recipes list`), a YAML file, or a run's recipe.lock.yaml."""
     from kitcli.recipe.load import load_recipe
@@ -70,13 +77,13 @@ def run(recipe: str | None, from_lock: str | None, output: str | None, overrides
         try:
             run_dir = run_with_launcher(loaded, recipe, launcher=launcher, num_processes=num_processes,
                                         deepspeed=deepspeed, fsdp=fsdp, cpu=cpu, output=output,
-                                        overrides=list(overrides), force=force, quiet=quiet, as_json=as_json,
-                                        console=make_console(quiet=quiet, stderr=as_json))
+                                        overrides=list(overrides), force=force, no_lock=no_lock, quiet=quiet,
+                                        as_json=as_json, console=make_console(quiet=quiet, stderr=as_json))
         except LaunchFailed as failed:
             sys.exit(failed.returncode)
         if run_dir is not None:
             return
-    execute(loaded, output=output, dry_run=dry_run, force=force, quiet=quiet, as_json=as_json)
+    execute(loaded, output=output, dry_run=dry_run, force=force, quiet=quiet, as_json=as_json, no_lock=no_lock)
 
 
 @main.command()
@@ -87,14 +94,15 @@ def run(recipe: str | None, from_lock: str | None, output: str | None, overrides
               help="Override a value, e.g. stages.sft.train.max_steps=20 or lora.r=8 (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Print the resolved configuration and exit.")
 @click.option("--force", is_flag=True, help="Redo the stage even if it finished.")
+@no_lock_option
 @output_options
 def sft(model: str, data: str, output: str | None, overrides: tuple[str, ...], dry_run: bool, force: bool,
-        quiet: bool, as_json: bool) -> None:
+        no_lock: bool, quiet: bool, as_json: bool) -> None:
     """Run a one-stage SFT recipe without a recipe file."""
     from kitcli.recipe.load import recipe_for_single_stage
 
     loaded = recipe_for_single_stage("sft", model, data, list(overrides))
-    execute(loaded, output=output, dry_run=dry_run, force=force, quiet=quiet, as_json=as_json)
+    execute(loaded, output=output, dry_run=dry_run, force=force, quiet=quiet, as_json=as_json, no_lock=no_lock)
 
 
 def output_mode(quiet: bool, as_json: bool) -> str:
@@ -105,7 +113,7 @@ def output_mode(quiet: bool, as_json: bool) -> str:
 
 
 def execute(recipe, *, output: str | None, dry_run: bool, force: bool, quiet: bool = False,
-            as_json: bool = False) -> None:
+            as_json: bool = False, no_lock: bool = False) -> None:
     import contextlib
 
     from kitcli.display import dashboard
@@ -123,7 +131,7 @@ def execute(recipe, *, output: str | None, dry_run: bool, force: bool, quiet: bo
     quiet_stdout = contextlib.redirect_stdout(sys.stderr) if mode != "auto" else contextlib.nullcontext()
     try:
         with dashboard.output_mode(mode, json_stream=stdout), quiet_stdout:
-            run_dir = runner.run_recipe(recipe, output=output, force=force, console=console)
+            run_dir = runner.run_recipe(recipe, output=output, force=force, console=console, no_lock=no_lock)
     except StageInterrupted as stop:
         click.echo(f"kit: {stop}", err=True)
         sys.exit(130)

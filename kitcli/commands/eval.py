@@ -22,14 +22,7 @@ import click
 
 from kitcli.errors import KitError
 from kitcli.recipe.stage_types import is_policy, spec_output
-from kitcli.rundir import RunDir, StageDir
-
-
-def read_lock(run_dir: Path) -> dict[str, Any]:
-    try:
-        return RunDir(run_dir).read_lock() or {}
-    except KitError:
-        raise KitError(f"{RunDir(run_dir).lock_path} is not valid YAML; restore it from the run") from None
+from kitcli.rundir import RunDir, StageDir, read_run_lock
 
 
 def has_model(stage_dir: Path) -> bool:
@@ -42,7 +35,7 @@ def resolve_target(target: str) -> dict[str, Any]:
 
     path = Path(target).expanduser()
     if path.is_dir() and RunDir(path).is_run():
-        lock = read_lock(path)
+        lock = read_run_lock(RunDir(path))
         stages = [s for s in lock.get("recipe", {}).get("stages", []) if is_policy(s.get("type"))]
         trained = [s["name"] for s in stages if has_model(path / s["name"])]
         if not trained:
@@ -52,7 +45,7 @@ def resolve_target(target: str) -> dict[str, Any]:
         return {"model": lock["recipe"]["model"], "init_dir": path / trained[-1], "label": f"{path.name}/{trained[-1]}",
                 "run_dir": path, "seed": lock.get("seed", 42)}
     if path.is_dir() and RunDir(path.parent).is_run():
-        lock = read_lock(path.parent)
+        lock = read_run_lock(RunDir(path.parent))
         stages = {s["name"]: s for s in lock.get("recipe", {}).get("stages", [])}
         kind = stages.get(path.name, {}).get("type")
         if spec_output(kind) == "scorer":

@@ -17,10 +17,9 @@ from typing import Any
 
 from kitcli.display import svgplot
 from kitcli.display.formatting import format_value, message_text
-from kitcli.errors import KitError
 from kitcli.recipe import stage_types
 from kitcli.records import read_jsonl
-from kitcli.rundir import LOCK_NAME, RunDir, StageDir
+from kitcli.rundir import RunDir, StageDir, read_run_lock
 
 FALLBACK_SKIP = {"step", "epoch", "time", "total_flos", "num_tokens", "train_runtime", "train_samples_per_second",
                  "train_steps_per_second", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
@@ -69,13 +68,7 @@ class RunRecord:
 
 def load_run(run_dir: Path) -> RunRecord:
     run = RunDir(Path(run_dir))
-    if not run.is_run():
-        raise KitError(f"{run.path} is not a kit run directory (no {LOCK_NAME}); give the directory `kit run` "
-                       f"printed (runs/<name>-<timestamp>)")
-    try:
-        lock = run.read_lock() or {}
-    except KitError:
-        raise KitError(f"{run.lock_path} is not valid YAML; restore it from the run") from None
+    lock = read_run_lock(run)
     stages = []
     for index, stage in enumerate(lock.get("recipe", {}).get("stages", []), start=1):
         directory = run.stage(stage["name"])

@@ -9,9 +9,10 @@ starts `accelerate launch ... -m kitcli run RECIPE --output DIR` with the transf
 (KIT_FORCE_BACKEND=transformers: Unsloth trains on one GPU only). accelerate's torchrun launcher starts the
 processes; TRL's trainers do data parallelism (DDP), DeepSpeed ZeRO or FSDP as accelerate configures them.
 
-Inside the processes only the main one (rank 0) writes the lock file, DONE markers, saved adapters and metrics;
-the others wait at a barrier (`kitcli/dist.py`) where the main process writes, and skip eval stages (generation is
-not distributed). docs/multi-gpu.md lists which stage types support this.
+Inside the processes only the main one (rank 0) holds the run directory's lock (kitcli/rundir.py: WriterLock) and
+writes the lock file, DONE markers, saved adapters and metrics; the others wait at a barrier (`kitcli/dist.py`)
+where the main process writes, and skip eval stages (generation is not distributed). docs/multi-gpu.md lists
+which stage types support this.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from kitcli.errors import KitError
 from kitcli.recipe import stage_types
+from kitcli.rundir import RunDir, in_use, lock_holder
 
 LAUNCHERS = ("accelerate",)
 DEEPSPEED_STAGES = ("zero2", "zero3")
@@ -114,6 +116,9 @@ def launch(recipe, recipe_arg: str, *, output: str | None, overrides: list[str],
 
     check_request(recipe, num_processes=num_processes, deepspeed=deepspeed, fsdp=fsdp, cpu=cpu)
     run_dir = Path(output) if output else runner.choose_run_dir(recipe, None, runner.make_lock(recipe))
+    holder = lock_holder(RunDir(run_dir))  # the main process takes the lock; refuse here before starting N processes
+    if holder is not None:
+        raise in_use(RunDir(run_dir), holder)
     command = [sys.executable, "-m", "accelerate.commands.launch",
                *accelerate_arguments(num_processes=num_processes, deepspeed=deepspeed, fsdp=fsdp, cpu=cpu),
                "-m", "kitcli", "run", recipe_arg, "--output", str(run_dir)]
@@ -165,7 +170,7 @@ def launcher_options(command):
 
 def run_with_launcher(recipe, recipe_arg: str, *, launcher: str | None, num_processes: int | None,
                       deepspeed: str | None, fsdp: bool, cpu: bool, output: str | None, overrides: list[str],
-                      force: bool, quiet: bool, as_json: bool, console) -> Path | None:
+                      force: bool, quiet: bool, as_json: bool, console, no_lock: bool = False) -> Path | None:
     """`kit run --launcher ...`: launch and return the run directory; None when no launcher was asked for."""
     if launcher is None:
         used = [name for name, value in (("--num-processes", num_processes), ("--deepspeed", deepspeed),
@@ -176,7 +181,7 @@ def run_with_launcher(recipe, recipe_arg: str, *, launcher: str | None, num_proc
         return None
     if os.environ.get("KIT_LAUNCHED"):
         raise KitError("--launcher inside a launched process; run `kit run --launcher ...` from a plain shell")
-    extra = ["--quiet"] if quiet else ["--json"] if as_json else []
+    extra = (["--quiet"] if quiet else ["--json"] if as_json else []) + (["--no-lock"] if no_lock else [])
     return launch(recipe, recipe_arg, output=output, overrides=overrides, force=force,
                   num_processes=num_processes or 1, deepspeed=deepspeed, fsdp=fsdp, cpu=cpu, extra=extra,
                   console=console)

@@ -34,7 +34,7 @@ from kitcli.recipe import stage_types
 from kitcli.recipe.load import Recipe
 from kitcli.recipe.stage_context import StageContext
 from kitcli.records import first_difference
-from kitcli.rundir import RunDir, redact
+from kitcli.rundir import WRITER_LOCK_NAME, RunDir, WriterLock, redact
 from kitcli.training import interrupt
 
 PACKAGES = ("torch", "transformers", "trl", "peft", "unsloth", "unsloth_zoo", "bitsandbytes", "datasets",
@@ -236,13 +236,28 @@ def local_tokenizer(name: str):
     return AutoTokenizer.from_pretrained(str(folder))
 
 
-def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Console) -> Path:
-    # Under `kit run --launcher` every process runs this; only the main one writes files (kitcli/run/launch.py).
+def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Console, no_lock: bool = False) -> Path:
+    """Run the recipe's stages in their run directory, which this process holds (WriterLock) from before its first
+    write to the end. Under `kit run --launcher` every process runs this; only the main one locks and writes files
+    (kitcli/run/launch.py)."""
     main = dist.is_main_process()
-    if not main:
-        console = Console(quiet=True)
     lock = make_lock(recipe)
     run_dir = choose_run_dir(recipe, output, lock)
+    writer = WriterLock(RunDir(run_dir), no_lock=no_lock, log=lambda line: console.print(
+        line, highlight=False, markup=False, soft_wrap=True)) if main else None
+    try:
+        if writer is not None:
+            writer.take(create=False)  # a directory a run wrote: refused here, at once, while another run holds it
+        return run_stages(recipe, run_dir, lock, force=force, console=console if main else Console(quiet=True),
+                          writer=writer)
+    finally:
+        if writer is not None:
+            writer.release()
+
+
+def run_stages(recipe: Recipe, run_dir: Path, lock: dict[str, Any], *, force: bool, console: Console,
+               writer: WriterLock | None) -> Path:
+    main = writer is not None
     console.print(f"kit: checking {recipe.name}'s {len(recipe.stages)} stages against TRL's configs (loads torch, "
                   f"TRL and Unsloth first; their messages go to {RunDir(run_dir).library_log})",
                   highlight=False, markup=False)
@@ -257,9 +272,9 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
                                f"--output, or --force to redo it with this recipe")
             if not force:
                 check_resumable_stages(recipe, run_dir, existing, lock, console)
-        elif run_dir.exists() and any(run_dir.iterdir()) and not force:
+        elif run_dir.exists() and any(p.name != WRITER_LOCK_NAME for p in run_dir.iterdir()) and not force:
             raise KitError(f"{run_dir} exists and is not a kit run directory; choose another --output")
-        run_dir.mkdir(parents=True, exist_ok=True)
+        writer.take(create=True)  # creates the directory: nothing is written before this
         libraries.library_log(RunDir(run_dir).library_log)
         if existing is not None and not force and existing.get("rewritten by the trainer"):
             lock["rewritten by the trainer"] = existing["rewritten by the trainer"]  # finished stages keep theirs
@@ -276,6 +291,8 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
     results: list[tuple[dict[str, Any], dict[str, Any], str]] = []
     total = len(recipe.stages)
     for index, stage in enumerate(recipe.stages, start=1):
+        if main:
+            writer.check(f"stage '{stage['name']}'")
         ctx = StageContext(recipe, stage, run_dir, console, outputs)
         done = ctx.dir.done()
         if done is not None and not force:
@@ -311,6 +328,7 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
         results.append((stage, summary, "ran"))
     if not main:
         return run_dir
+    writer.check("its report")
     report = write_run_report(run_dir, console)
     print_summary(results, console, report=report, run_dir=run_dir)
     return run_dir
