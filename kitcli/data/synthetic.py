@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 from pathlib import Path
 
 NAMES = ["Ada", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gus", "Hana", "Ivo", "Jun"]
 THINGS = ["apples", "books", "coins", "cards", "shells", "stamps", "pens", "cups"]
 HELD_OUT_PAIRS = 20
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "data"
 
 
 def split_pairs(seed: int = 0) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -123,9 +123,15 @@ def write_all(out_dir: Path) -> list[Path]:
     return [out_dir / name for name in files]
 
 
-def main() -> None:
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "examples" / "data"
-    for path in write_all(target):
+def main(argv: list[str] | None = None) -> None:
+    """`python -m kitcli.synthetic [DIR]`: write the datasets into DIR and print their paths."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m kitcli.synthetic",
+                                     description="Write the kit's synthetic datasets (JSONL) and print their paths.")
+    parser.add_argument("dir", nargs="?", type=Path, default=EXAMPLES, metavar="DIR",
+                        help="where to write them (default: the checkout's examples/data/)")
+    for path in write_all(parser.parse_args(argv).dir):
         print(path)
 
 

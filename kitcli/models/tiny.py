@@ -215,12 +215,16 @@ def build_model(vocab_size: int, tokenizer, seed: int):
 def main(argv: list[str] | None = None) -> None:
     """`python -m kitcli.tiny build [DIR]`: rebuild the tiny model (default: over the shipped one) and print its
     sha256; on another CPU the pretrained weights differ in their last bits, so commit a rebuild with TINY_SHA256."""
-    import sys
+    import argparse
 
-    args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] != "build":
-        raise SystemExit("usage: python -m kitcli.tiny build [DIR]")
-    target = Path(args[1]) if len(args) > 1 else ASSETS
+    parser = argparse.ArgumentParser(prog="python -m kitcli.tiny", description="The kit's embedded tiny model.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    build = commands.add_parser("build", help="rebuild it from its recipe and print its sha256",
+                                description="Rebuild the tiny model from its recipe (config, tokenizer, 300 steps "
+                                            "of pretraining) and print model.safetensors' sha256.")
+    build.add_argument("dir", nargs="?", type=Path, default=ASSETS, metavar="DIR",
+                       help="where to write it (default: over the shipped kitcli/assets/tiny/)")
+    target = parser.parse_args(argv).dir
     build_tiny_model(target)
     print(f"built {target}: model.safetensors sha256 {file_sha256(target / 'model.safetensors')}")
 
