@@ -9,6 +9,7 @@ import click
 
 from kitcli import __version__
 from kitcli.commands.chat import chat_command, generate_command
+from kitcli.commands.check import check_command
 from kitcli.commands.data import data_group
 from kitcli.commands.doctor import doctor_command
 from kitcli.commands.eval import eval_command, report_command
@@ -192,6 +193,7 @@ def recipes_schema() -> None:
 
 main.add_command(rewards)
 main.add_command(data_group)
+main.add_command(check_command)
 main.add_command(eval_command)
 main.add_command(report_command)
 main.add_command(doctor_command)

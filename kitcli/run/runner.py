@@ -33,6 +33,7 @@ from kitcli.errors import KitError
 from kitcli.recipe import stage_types
 from kitcli.recipe.load import Recipe
 from kitcli.recipe.stage_context import StageContext
+from kitcli.run.check import pre_run_check
 from kitcli.records import first_difference
 from kitcli.rundir import WRITER_LOCK_NAME, RunDir, WriterLock, redact
 from kitcli.training import interrupt
@@ -169,6 +170,7 @@ def preflight(recipe: Recipe, run_dir: Path, console: Console) -> list[dict[str,
 def dry_run(recipe: Recipe, console: Console) -> None:
     """Print every stage's resolved configuration (the TRL config values after the kit's defaults)."""
     described = preflight(recipe, Path("runs") / f"{recipe.name}-DRYRUN", console)
+    pre_run_check(recipe, console, as_comments=True)  # kit check's cheap part, as YAML comments
     header = {k: recipe.data[k] for k in ("name", "seed", "model", "lora")}
     console.print(yaml.safe_dump(header, sort_keys=False).rstrip(), highlight=False, markup=False)
     for index, (stage, resolved) in enumerate(zip(recipe.stages, described), start=1):
@@ -262,6 +264,7 @@ def run_stages(recipe: Recipe, run_dir: Path, lock: dict[str, Any], *, force: bo
                   f"TRL and Unsloth first; their messages go to {RunDir(run_dir).library_log})",
                   highlight=False, markup=False)
     described = preflight(recipe, run_dir, console)
+    pre_run_check(recipe, console)  # kit check's cheap part: lengths, batches, template; `check: strict` stops
     lock["resolved"] = redact({s["name"]: d for s, d in zip(recipe.stages, described)})  # e.g. variant presets
     if main:
         existing = RunDir(run_dir).read_lock()

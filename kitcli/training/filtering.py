@@ -154,13 +154,13 @@ def check_kept(record: dict[str, Any], needed: int, where: str) -> None:
     """Stop before training when the filter leaves nothing (or less than one generation batch) to train on."""
     if record["kept"] >= max(needed, 1):
         return
-    fault = ("min_pass", record["min_pass"], record["below_min"]) if record["below_min"] >= record["above_max"] \
-        else ("max_pass", record["max_pass"], record["above_max"])
+    faults = " and ".join(f"{bound} {record[bound]:g} removed {count}" for bound, count in
+                          (("min_pass", record["below_min"]), ("max_pass", record["above_max"])) if count)
     short = "no prompt" if not record["kept"] else f"{record['kept']} prompts, fewer than the {needed} one " \
                                                    f"generation batch draws,"
     raise KitError(f"{where}: filter: kept {short} of {record['prompts']} (pass = {record['pass']}; pass rates "
                    f"over k={record['k']}: {format_histogram(record['pass_rate_histogram_before'])}); "
-                   f"{fault[0]} {fault[1]:g} removed {fault[2]}; widen the bounds or give other prompts")
+                   f"{faults}; widen the bounds or give other prompts")
 
 
 def run_filter(*, model, tokenizer, rows: list[dict[str, Any]], rewards, stage: dict[str, Any], model_name: str,

@@ -1,0 +1,382 @@
+"""`kit check`: what a recipe will do to its data, found before any GPU time is spent.
+
+    kit check smol-grpo                    # the cheap part: the tokenizer and the data only (no model, no torch)
+    kit check smol-grpo --signal 16        # also sample the RL stages' starting policies (kitcli/run/signal_check.py)
+
+Per stage, from the model's real tokenizer and the stage's rows as the stage reads them (columns, chat, system
+prompt): token lengths of prompts, completions and whole rows (p50 / p95 / max) against the settings that cut them
+(SFT / DPO / KTO / reward max_length, RL max_completion_length and model.max_seq_length, an eval's max_new_tokens),
+with the share cut and the setting that fixes it; the batch arithmetic (generation batch and num_generations,
+steps per epoch, total steps, the warm-up share); the chat template (conversational data without one, a generation
+prompt that already opens a tag a format reward wants the completion to open, the stop token absent from SFT
+targets). Each finding is one row with a verdict; `warn` findings become errors (exit 2) with `--strict` or
+`check: strict` in the recipe. `kit run` runs this part before its first stage and `kit run --dry-run` prints it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kitcli.errors import KitError
+from kitcli.recipe import stage_types
+from kitcli.recipe.load import Recipe
+from kitcli.recipe.stage_context import StageContext
+
+RL_TYPES_WITH_COMPLETIONS = ("grpo", "gspo", "rloo")
+PAIR_TYPES = ("dpo", "kto", "reward")
+TAG_REWARDS = ("format", "tag_credit")  # built-ins that want the completion to open tags (default think, answer)
+
+
+@dataclass
+class Finding:
+    stage: str
+    topic: str
+    level: str  # "ok", "warn" or "info"
+    figures: str
+    verdict: str
+
+    def line(self) -> str:
+        return f"{self.level}: {self.stage}: {self.topic}: {self.verdict}" + (f" ({self.figures})"
+                                                                             if self.figures else "")
+
+
+# --- the pieces a check reads --------------------------------------------------------------------------------------
+
+def load_tokenizer(name: str):
+    """The model's own tokenizer: the tiny model's, a GGUF file's converted one (converted on first use), a local
+    directory's or a hub model's from the local Hugging Face cache (None when it is not there)."""
+    from kitcli.models import gguf
+
+    if name == "tiny":
+        from kitcli.models.tiny import ensure_tiny_model
+
+        folder = ensure_tiny_model()
+    else:
+        source = gguf.source_file(name)
+        folder = Path(name) if source is None else gguf.converted_dir(gguf.file_sha256(source))
+        if source is not None and not (folder / "tokenizer_config.json").is_file():
+            folder = gguf.ensure_converted(source, log=lambda message: None)
+    from transformers import AutoTokenizer
+
+    try:  # a hub model's tokenizer only from the local cache: a check downloads nothing
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception:  # noqa: BLE001  (offline, gated, no tokenizer files: the check says so)
+        return None
+
+
+def stop_tokens(tokenizer) -> set[str]:
+    """The tokens generation stops on: the tokenizer's EOS and the model folder's generation_config.json EOS ids."""
+    import json
+
+    stops = {tokenizer.eos_token} if tokenizer.eos_token else set()
+    config = Path(getattr(tokenizer, "name_or_path", "")) / "generation_config.json"
+    if config.is_file():
+        ids = json.loads(config.read_text()).get("eos_token_id")
+        for token_id in ids if isinstance(ids, list) else [ids] if ids is not None else []:
+            stops.add(tokenizer.convert_ids_to_tokens(int(token_id)))
+    return stops
+
+
+def resolved_values(ctx: StageContext) -> dict[str, Any]:
+    """The stage's trainer settings as its config will hold them, without importing TRL: the config class's own
+    defaults (read from its source), the kit's defaults, the stage type's, then `train:`."""
+    from kitcli.recipe.config_fields import MISSING, config_fields
+    from kitcli.training.trl_config import COMMON_DEFAULTS
+
+    spec = stage_types.spec(ctx.stage["type"])
+    section = spec.section
+    config = getattr(section, "config", None)
+    values = {name: f.default for name, f in config_fields(config).items()
+              if f.default is not MISSING} if isinstance(config, str) else {}
+    values.update(COMMON_DEFAULTS)
+    if spec.defaults is not None:
+        values.update(spec.defaults(ctx, on_gpu=False))
+    values.update(ctx.stage.get("train") or {})
+    return values
+
+
+def stage_rows(ctx: StageContext) -> list[dict[str, Any]] | None:
+    """The rows as the stage reads them (None for a hub dataset: not read by the cheap check)."""
+    from kitcli.data.rows import apply_system_prompt, read_rows
+
+    spec = ctx.stage.get("data")
+    if not isinstance(spec, dict) or not Path(spec["path"]).is_file():
+        return None
+    kind = stage_types.spec(ctx.stage["type"])
+    if kind.rows is not None:
+        return kind.rows(ctx)
+    rows = read_rows(spec, ctx.where)
+    if ctx.stage["type"] == "kto" and "chosen" in rows[0] and "completion" not in rows[0]:
+        rows = [{"prompt": r["prompt"], "completion": r["chosen"]} for r in rows] + \
+               [{"prompt": r["prompt"], "completion": r["rejected"]} for r in rows]
+    keys = ("prompt", "completion", "chosen", "rejected", "messages", "text", "answer")
+    rows = [{k: r[k] for k in keys if k in r} for r in rows]
+    if ctx.stage.get("system_prompt") and any("prompt" in r or "messages" in r for r in rows[:1]):
+        rows = apply_system_prompt(rows, ctx.stage["system_prompt"], ctx.where, spec["path"])
+    return rows
+
+
+def percentile(values: list[int], q: float) -> int:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def spread(values: list[int]) -> str:
+    return f"p50 {percentile(values, 0.5)} / p95 {percentile(values, 0.95)} / max {max(values)}"
+
+
+def is_chat(value: Any) -> bool:
+    return isinstance(value, list)
+
+
+class Renderer:
+    """Token counts of prompts and replies as TRL renders them (chat template for conversations, EOS appended to
+    plain-string SFT completions)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def count(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def prompt(self, prompt: Any) -> str:
+        if is_chat(prompt):
+            return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        return str(prompt)
+
+    def whole(self, prompt: Any, reply: Any, eos: bool) -> str:
+        if is_chat(prompt) or is_chat(reply):
+            turns = (prompt if is_chat(prompt) else [{"role": "user", "content": str(prompt)}]) + \
+                (reply if is_chat(reply) else [{"role": "assistant", "content": str(reply)}])
+            return self.tokenizer.apply_chat_template(turns, tokenize=False)
+        return str(prompt) + str(reply) + (self.tokenizer.eos_token or "" if eos else "")
+
+
+# --- the checks --------------------------------------------------------------------------------------------------
+
+def cut_finding(stage: str, what: str, lengths: list[int], limit: int | None, setting: str) -> Finding:
+    """Lengths against a limit: the share cut and the value of `setting` that cuts none."""
+    if not lengths:
+        return Finding(stage, what, "info", "", "no rows")
+    figures = f"{spread(lengths)} tokens" + (f" vs {setting} {limit}" if limit else "")
+    if not limit:
+        return Finding(stage, what, "info", figures, f"no limit set ({setting})")
+    over = sum(n > limit for n in lengths)
+    if not over:
+        return Finding(stage, what, "ok", figures, f"all {len(lengths)} fit")
+    return Finding(stage, what, "warn", figures, f"{over / len(lengths):.0%} of {len(lengths)} would be cut; set "
+                                                 f"{setting} >= {max(lengths)} (or drop the longest rows)")
+
+
+def length_findings(ctx: StageContext, rows: list[dict[str, Any]], values: dict[str, Any], render: Renderer,
+                    generation: dict[str, Any] | None) -> list[Finding]:
+    stage, kind, seq = ctx.name, ctx.stage["type"], ctx.model["max_seq_length"]
+    found: list[Finding] = []
+    prompts = [render.count(render.prompt(r["prompt"])) for r in rows if "prompt" in r]
+    if kind in RL_TYPES_WITH_COMPLETIONS or kind == "ppo" or kind == "eval":
+        room = (values.get("max_completion_length") or values.get("response_length") or 0) if kind != "eval" \
+            else generation["max_new_tokens"]
+        name = "generation.max_new_tokens" if kind == "eval" else "train.max_completion_length"
+        found.append(cut_finding(stage, f"prompt + {room} new tokens", [n + room for n in prompts], seq,
+                                 "model.max_seq_length"))
+        answers = [render.count(str(r["answer"])) + (0 if kind == "eval" else 1) for r in rows if "answer" in r
+                   and isinstance(r["answer"], (str, int, float))]
+        if answers and room:
+            check = cut_finding(stage, "reference answer" + (" + stop token" if kind != "eval" else ""), answers,
+                                room, name)
+            check.verdict = check.verdict.replace("would be cut", "cannot fit a correct completion")
+            found.append(check)
+        return found
+    limit = values.get("max_length")
+    if kind == "sft":
+        wholes, replies = [], []
+        for r in rows:
+            if "messages" in r:
+                wholes.append(render.count(render.tokenizer.apply_chat_template(r["messages"], tokenize=False)))
+            elif "text" in r:
+                wholes.append(render.count(str(r["text"]) + (render.tokenizer.eos_token or "")))
+            else:
+                whole = render.count(render.whole(r["prompt"], r["completion"], eos=True))
+                wholes.append(whole)
+                replies.append(whole - render.count(render.prompt(r["prompt"])))
+        if prompts:
+            found.append(cut_finding(stage, "prompts", prompts, None, "max_length"))
+        if replies:
+            found.append(cut_finding(stage, "completions", replies, None, "max_length"))
+        found.append(cut_finding(stage, "whole rows", wholes, limit, "train.max_length"))
+        return found
+    if kind in PAIR_TYPES:
+        for side in ("chosen", "rejected", "completion"):
+            lengths = [render.count(render.whole(r.get("prompt", ""), r[side], eos=True)) for r in rows if side in r]
+            if lengths:
+                found.append(cut_finding(stage, f"prompt + {side}", lengths, limit, "train.max_length"))
+    return found
+
+
+def steps_per_epoch_rl(rows: int, values: dict[str, Any], world: int) -> float:
+    completions = rows * values["num_generations"]
+    per_step = values["per_device_train_batch_size"] * values["gradient_accumulation_steps"] * world
+    return completions / per_step * values.get("num_iterations", 1)
+
+
+def batch_findings(ctx: StageContext, rows: int, values: dict[str, Any]) -> list[Finding]:
+    from kitcli import dist
+
+    stage, kind, world = ctx.name, ctx.stage["type"], dist.world_size()
+    if kind == "eval" or "per_device_train_batch_size" not in values:
+        return []
+    per, accum = values["per_device_train_batch_size"], values["gradient_accumulation_steps"]
+    found = []
+    if kind in RL_TYPES_WITH_COMPLETIONS:
+        generations = values["num_generations"]
+        batch = values.get("generation_batch_size") or per * values.get("steps_per_generation", accum) * world
+        per_epoch = steps_per_epoch_rl(rows, values, world)
+        found.append(Finding(stage, "generation batch", "ok" if batch % generations == 0 else "warn",
+                             f"{batch} completions = {batch // max(1, generations)} prompts x num_generations "
+                             f"{generations}; {world} process(es)",
+                             "whole groups" if batch % generations == 0 else "num_generations does not divide it"))
+    else:
+        per_epoch = math.ceil(math.ceil(rows / (per * world)) / accum)
+    max_steps = values.get("max_steps") or -1
+    total = max_steps if max_steps > 0 else math.ceil(float(values.get("num_train_epochs", 1)) * per_epoch)
+    epochs = total / per_epoch if per_epoch else 0
+    figures = f"{rows} rows, {per_epoch:g} steps per epoch, {total} steps ({epochs:.2f} epochs)"
+    if total <= 0:
+        found.append(Finding(stage, "steps", "warn", figures, "trains zero steps; set train.max_steps or give "
+                                                                   "more rows"))
+    elif epochs < 0.5 and max_steps > 0:
+        found.append(Finding(stage, "steps", "info", figures, f"sees {epochs:.0%} of the rows once"))
+    else:
+        found.append(Finding(stage, "steps", "ok", figures, "trains"))
+    warmup = values.get("warmup_steps") or 0
+    warmup = warmup * total if isinstance(warmup, float) and warmup < 1 else warmup
+    warmup = max(warmup, (values.get("warmup_ratio") or 0) * total)
+    if total > 0 and warmup:
+        share = warmup / total
+        found.append(Finding(stage, "warm-up", "warn" if share > 0.3 else "ok", f"{warmup:g} of {total} steps",
+                             f"{share:.0%} of training at a reduced learning rate" +
+                             ("; lower warmup_steps" if share > 0.3 else "")))
+    return found
+
+
+def opened_tags(text: str) -> list[str]:
+    """Tags a text opens and does not close, e.g. a generation prompt ending in `<think>\\n`."""
+    return [t for t in re.findall(r"<([A-Za-z_][\w-]*)>", text) if f"</{t}>" not in text]
+
+
+def template_findings(ctx: StageContext, rows: list[dict[str, Any]], render: Renderer) -> list[Finding]:
+    stage, kind, tokenizer = ctx.name, ctx.stage["type"], render.tokenizer
+    first = rows[0]
+    chat = any(is_chat(first.get(k)) for k in ("prompt", "completion", "chosen", "messages"))
+    if not chat:
+        return []
+    if getattr(tokenizer, "chat_template", None) is None:
+        return [Finding(stage, "chat template", "warn", "conversational rows",
+                        "the model has no chat template, so conversations cannot be rendered; give plain-string "
+                        "data (remove chat: true) or a model with a template")]
+    found = []
+    prompt = first.get("prompt") or first.get("messages")[:-1]
+    if is_chat(prompt) and prompt:
+        closed = tokenizer.apply_chat_template(prompt, tokenize=False)
+        opened = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        tags = opened_tags(opened[len(closed):] if opened.startswith(closed) else "")
+        wanted = [(r["name"] if isinstance(r, dict) else r, (r.get("args") or {}) if isinstance(r, dict) else {})
+                  for r in ctx.stage.get("rewards") or []]
+        clashes = [(name, t) for name, args in wanted if name in TAG_REWARDS
+                   for t in tags if t in (args.get("tags") or ("think", "answer"))]
+        if clashes:
+            name, tag = clashes[0]
+            found.append(Finding(stage, "generation prompt", "warn", f"ends with <{tag}>",
+                                 f"the template opens <{tag}> before the completion starts, so reward '{name}' "
+                                 f"(which wants the completion to open <{tag}>) can never pay; drop <{tag}> from its "
+                                 f"tags or turn the template's thinking prefill off"))
+        elif tags:
+            found.append(Finding(stage, "generation prompt", "info", f"ends with <{tags[0]}>",
+                                 f"completions start inside <{tags[0]}>"))
+    if kind == "sft":
+        stops = stop_tokens(tokenizer)
+        if "messages" in first:
+            text = tokenizer.apply_chat_template(first["messages"], tokenize=False)
+            reply = first["messages"][-1]["content"]
+        else:
+            text = render.whole(first["prompt"], first["completion"], eos=True)
+            reply = first["completion"][-1]["content"] if is_chat(first["completion"]) else first["completion"]
+        after = text[text.rfind(reply) + len(reply):] if reply in text else ""
+        present = [s for s in stops if s and s in after]
+        found.append(Finding(stage, "stop token in targets", "ok" if present else "warn",
+                             f"after the reply: {after.strip()!r:.40}; stops on {', '.join(sorted(stops))}",
+                             "the model learns to stop" if present else
+                             "no stop token follows the reply, so the trained model never learns to stop; use a "
+                             "template that ends the assistant turn with its EOS"))
+    return found
+
+
+# --- running them ------------------------------------------------------------------------------------------------
+
+def check_recipe(recipe: Recipe, run_dir: Path | None = None, console=None) -> list[Finding]:
+    """Every cheap finding of every stage, in stage order."""
+    from rich.console import Console
+
+    console = console or Console(quiet=True)
+    run_dir = run_dir or Path("runs") / f"{recipe.name}-CHECK"
+    tokenizer = load_tokenizer(recipe.data["model"]["name"])
+    outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
+    found: list[Finding] = []
+    if tokenizer is None:
+        return [Finding("model", "tokenizer", "info", recipe.data["model"]["name"],
+                        "its tokenizer is not available here (offline?), so lengths were not measured")]
+    render = Renderer(tokenizer)
+    for stage in recipe.stages:
+        ctx = StageContext(recipe, stage, run_dir, console, outputs)
+        rows = stage_rows(ctx)
+        if rows is None:
+            found.append(Finding(ctx.name, "data", "info", stage["data"]["path"], "a hub dataset: read when it runs"))
+            continue
+        values = resolved_values(ctx) if stage["type"] != "eval" else {}
+        generation = {"max_new_tokens": 32, **(stage.get("generation") or {})}
+        template = template_findings(ctx, rows, render)
+        if not any(f.topic == "chat template" for f in template):  # conversations it cannot render: not measured
+            found += length_findings(ctx, rows, values, render, generation)
+        found += batch_findings(ctx, len(rows), values)
+        found += template
+    return found
+
+
+def findings_table(findings: list[Finding], title: str = "kit check"):
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("stage", "check", "figures", "verdict"):
+        table.add_column(column, overflow="fold")
+    marks = {"warn": "[yellow]warn[/yellow] ", "ok": "[green]ok[/green] ", "info": ""}
+    for f in findings:
+        table.add_row(f.stage, f.topic, f.figures, marks[f.level] + f.verdict)
+    return table
+
+
+def enforce(findings: list[Finding], strict: bool, source: str) -> None:
+    """With --strict (or `check: strict`), any warning is an error: exit 2, naming the first."""
+    warnings = [f for f in findings if f.level == "warn"]
+    if strict and warnings:
+        more = f" (and {len(warnings) - 1} more)" if len(warnings) > 1 else ""
+        raise KitError(f"{source}: kit check (strict): {warnings[0].line()}{more}; fix it, or drop --strict / "
+                       f"check: strict to make findings warnings")
+
+
+def pre_run_check(recipe: Recipe, console, *, as_comments: bool = False) -> list[Finding]:
+    """What `kit run` does before its first stage: the cheap check, its warnings printed (as YAML comments in a
+    dry run), an error under `check: strict`."""
+    findings = check_recipe(recipe, console=console)
+    warnings = [f for f in findings if f.level == "warn"]
+    prefix = "# " if as_comments else ""
+    console.print(f"{prefix}kit check: {len(findings)} checks, {len(warnings)} warnings"
+                  f"{'' if warnings else ' (kit check ' + recipe.source + ' shows them all)'}",
+                  highlight=False, markup=False, soft_wrap=True)
+    for finding in warnings:
+        console.print(f"{prefix}  {finding.line()}", highlight=False, markup=False, soft_wrap=True)
+    enforce(findings, recipe.data.get("check") == "strict", recipe.source)
+    return findings

@@ -1,0 +1,111 @@
+"""`kit check --signal N`: the reward signal of each RL stage, measured before training.
+
+For each grpo / gspo / rloo stage with reward functions: load the stage's starting policy (the base model, or the
+output of its `init:` stage in the run directory `kit run` would use), sample k completions (the stage's
+`filter.k`, else its num_generations) for its first N prompts at the stage's own sampling settings, score them
+with its rewards (kitcli/training/signal.py) and report the share of groups with zero reward variance (and why:
+all solved, none solved, truncated), the reward mean and spread, the share truncated at max_completion_length,
+each reward's distribution and, for a stage with `filter:`, the same figures after filtering. A stage whose
+starting policy has not been trained yet is reported as not measured.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kitcli.recipe import stage_types
+from kitcli.recipe.load import Recipe
+from kitcli.recipe.stage_context import StageContext
+from kitcli.run.check import RL_TYPES_WITH_COMPLETIONS, Finding, resolved_values
+
+
+def starting_policy(ctx: StageContext) -> tuple[Path | None, str | None]:
+    """(init directory or None for the base model, None) or (None, why it cannot be measured)."""
+    init = ctx.stage.get("init")
+    if not init:
+        return None, None
+    folder = ctx.run_dir / init
+    if (folder / "DONE").is_file() and ((folder / "adapter").is_dir() or (folder / "model").is_dir()):
+        return folder, None
+    return None, (f"its starting policy (stage '{init}') is not trained in {ctx.run_dir}; run the recipe up to it "
+                  f"(or give --output RUN_DIR of a run that has it)")
+
+
+def figures_text(figures: dict[str, Any]) -> str:
+    return (f"{figures['prompts']} prompts x {figures['k']}: zero-variance groups {figures['zero_variance_share']:.0%}"
+            f", reward {figures['reward_mean']:.3f} +- {figures['reward_std']:.3f} (within groups "
+            f"{figures['within_group_std']:.3f}), truncated {figures['truncated_share']:.0%}, pass rate "
+            f"{figures['pass_rate_mean']:.2f}")
+
+
+def stage_signal(ctx: StageContext, prompts: int, log) -> tuple[list[Finding], dict[str, Any] | None]:
+    """The findings of one RL stage, and its figures (None when not measured)."""
+    from kitcli.models.backend import load_stage_policy
+    from kitcli.training.filtering import filter_record, keep_within, measure_groups, sampling_settings
+    from kitcli.training.signal import pass_rule, summarize, why_no_signal
+    from rewards.registry import load_rewards
+
+    stage = ctx.name
+    rewards = load_rewards(ctx.stage.get("rewards") or [], ctx.recipe.base_dir, f"{ctx.where}: rewards")
+    if not rewards:
+        return [Finding(stage, "reward signal", "info", "", "a reward model only: not measured")], None
+    init_dir, why_not = starting_policy(ctx)
+    if why_not:
+        return [Finding(stage, "reward signal", "info", "", f"not measured: {why_not}")], None
+    values = resolved_values(ctx)
+    spec = ctx.stage.get("filter") or {}
+    k = spec.get("k") or values["num_generations"]
+    names = [r["name"] if isinstance(r, dict) else r for r in ctx.stage.get("rewards") or []]
+    rule = pass_rule(rewards, spec, ctx.where, names)
+    rows = stage_types.spec(ctx.stage["type"]).rows(ctx)[:prompts]
+    sampling, max_new_tokens = sampling_settings(values)
+    loaded = load_stage_policy(ctx.model, lora=None, seed=ctx.seed, init_from=init_dir, trainable=False, log=log,
+                               label="starting policy")
+    groups = measure_groups(loaded.model, loaded.tokenizer, rows, rewards, rule, k=k, sampling=sampling,
+                            max_new_tokens=max_new_tokens, seed=ctx.seed)
+    figures = summarize(groups)
+    figures["pass"] = rule.describe
+    found = [Finding(stage, "reward signal", "ok", figures_text(figures), "most groups can teach")]
+    warning = why_no_signal(figures)
+    if warning:
+        found[0].level, found[0].verdict = "warn", warning
+    if figures["truncated_share"] > 0.5:
+        found.append(Finding(stage, "truncated completions", "warn", f"{figures['truncated_share']:.0%} of "
+                             f"{figures['prompts'] * k}", f"most completions hit max_completion_length "
+                             f"{max_new_tokens}; raise train.max_completion_length"))
+    for name, dist in figures["rewards"].items():
+        text = "never scored" if dist["mean"] is None else \
+            (f"mean {dist['mean']:.3f}, min {dist['min']:.3f}, max {dist['max']:.3f}, at max {dist['share_at_max']:.0%}"
+             f", scored {dist['scored']:.0%}")
+        constant = dist["mean"] is not None and dist["min"] == dist["max"]
+        found.append(Finding(stage, f"reward {name}", "warn" if constant else "ok", text,
+                             "the same score for every sample: it adds no signal" if constant else "varies"))
+    if ctx.stage.get("filter"):
+        kept = keep_within(groups, spec["min_pass"], spec["max_pass"])
+        record = filter_record(groups, kept, spec, rule.describe, "check")
+        figures["filter"] = record
+        after = (f"zero-variance groups {record['zero_variance_share_before']:.0%} -> "
+                 f"{record.get('zero_variance_share_after', 0):.0%}" if kept else "nothing kept")
+        found.append(Finding(stage, "filter", "ok" if kept else "warn",
+                             f"keeps {len(kept)} of {len(groups)} ({record['kept_share']:.0%}); {after}",
+                             f"pass in [{spec['min_pass']:g}, {spec['max_pass']:g}], pass = {rule.describe}"))
+    return found, figures
+
+
+def check_signal(recipe: Recipe, run_dir: Path, prompts: int, console) -> tuple[list[Finding], dict[str, Any]]:
+    """Findings and figures of every RL stage that samples completions."""
+    outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
+    found: list[Finding] = []
+    figures: dict[str, Any] = {}
+    for stage in recipe.stages:
+        if stage["type"] not in RL_TYPES_WITH_COMPLETIONS:
+            continue
+        ctx = StageContext(recipe, stage, run_dir, console, outputs)
+        console.print(f"kit check: sampling the starting policy of stage '{ctx.name}' ...", highlight=False,
+                      markup=False)
+        stage_found, stage_figures = stage_signal(ctx, prompts, log=lambda message: None)
+        found += stage_found
+        if stage_figures is not None:
+            figures[ctx.name] = stage_figures
+    return found, figures

@@ -1,0 +1,142 @@
+"""`kit check`: the cheap part (real tokenizer of the tiny model, real data; no model loaded) finds cut rows,
+completions that cannot fit, a generation prompt that pre-fills a format reward's tag, conversations on a model
+without a template, a missing stop token in SFT targets, and its warnings become exit 2 under --strict or
+`check: strict`. `--signal` (slow) samples the starting policy and says why groups carry no signal."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers import DATA, SFT_8_STEPS, fails, run_cli, write_recipe
+
+from kitcli.recipe.load import load_recipe
+from kitcli.run.check import check_recipe
+
+GRPO = {"name": "grpo", "type": "grpo", "data": str(DATA / "arithmetic_prompts.jsonl"), "rewards": ["exact_match"],
+        "train": {"max_steps": 2, "per_device_train_batch_size": 8, "num_generations": 4,
+                  "max_completion_length": 4, "save_steps": 50}}
+
+
+def findings(path: Path) -> dict[tuple[str, str], object]:
+    return {(f.stage, f.topic): f for f in check_recipe(load_recipe(str(path)))}
+
+
+def test_shipped_tiny_recipe_has_no_warning_and_its_figures():
+    found = findings(Path("recipes/tiny-grpo.yaml"))
+    assert not [f for f in found.values() if f.level == "warn"], [f.line() for f in found.values()]
+    steps = found[("grpo", "steps")]
+    # 400 prompts x 4 samples / (128 completions per step) = 12.5 steps per epoch; max_steps 80
+    assert "12.5 steps per epoch, 80 steps (6.40 epochs)" in steps.figures
+    assert "128 completions = 32 prompts x num_generations 4" in found[("grpo", "generation batch")].figures
+
+
+def test_all_cut_rows_and_completions_that_cannot_fit_are_flagged(tmp_path):
+    from kitcli.run.check import load_tokenizer
+
+    sft = {**SFT_8_STEPS, "train": {**SFT_8_STEPS["train"], "max_length": 12}}
+    grpo = {**GRPO, "train": {**GRPO["train"], "max_completion_length": 1}}
+    found = findings(write_recipe(tmp_path / "r.yaml", [sft, grpo]))
+    whole = found[("sft", "whole rows")]
+    tokenizer = load_tokenizer("tiny")
+    rows = [json.loads(line) for line in (DATA / "arithmetic_sft.jsonl").read_text().splitlines()]
+    texts = [tokenizer.apply_chat_template(r["prompt"] + r["completion"], tokenize=False)
+             if isinstance(r["prompt"], list) else r["prompt"] + r["completion"] + tokenizer.eos_token for r in rows]
+    lengths = [len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
+    share = sum(n > 12 for n in lengths) / len(lengths)
+    assert whole.level == "warn" and f"{share:.0%} of {len(rows)} would be cut" in whole.verdict
+    assert f"train.max_length >= {max(lengths)}" in whole.verdict
+    answer = found[("grpo", "reference answer + stop token")]
+    assert answer.level == "warn" and "100% of 400 cannot fit a correct completion" in answer.verdict
+
+
+def tiny_copy(tmp_path: Path, template: str | None) -> Path:
+    """The tiny model's folder with another chat template (None: none at all)."""
+    from kitcli.models.tiny import ensure_tiny_model
+
+    folder = tmp_path / "tiny-copy"
+    shutil.copytree(ensure_tiny_model(), folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    if template is not None:
+        config["chat_template"] = template
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+THINK_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
+
+
+def test_a_generation_prompt_that_opens_think_starves_a_format_reward(tmp_path):
+    folder = tiny_copy(tmp_path, THINK_TEMPLATE)
+    grpo = {**GRPO, "data": {"path": str(DATA / "arithmetic_prompts.jsonl"), "chat": True},
+            "rewards": ["exact_match", {"name": "format", "args": {"tags": ["think", "answer"]}}]}
+    found = findings(write_recipe(tmp_path / "r.yaml", [grpo], model={"name": str(folder), "max_seq_length": 128}))
+    finding = found[("grpo", "generation prompt")]
+    assert finding.level == "warn" and "<think>" in finding.verdict and "'format'" in finding.verdict
+    # the same stage without the format reward: a fact, not a warning
+    found = findings(write_recipe(tmp_path / "s.yaml", [{**grpo, "rewards": ["exact_match"]}],
+                                  model={"name": str(folder), "max_seq_length": 128}))
+    assert found[("grpo", "generation prompt")].level == "info"
+
+
+def test_conversations_on_a_model_without_a_template_and_a_target_without_stop_token(tmp_path):
+    bare = tiny_copy(tmp_path / "a", None)
+    sft = {**SFT_8_STEPS, "data": {"path": str(DATA / "arithmetic_sft.jsonl"), "chat": True}}
+    found = findings(write_recipe(tmp_path / "r.yaml", [sft], model={"name": str(bare), "max_seq_length": 128}))
+    assert found[("sft", "chat template")].level == "warn"
+    endless = tiny_copy(tmp_path / "b", "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                                        "{% if add_generation_prompt %}assistant: {% endif %}")
+    found = findings(write_recipe(tmp_path / "s.yaml", [sft], model={"name": str(endless), "max_seq_length": 128}))
+    assert found[("sft", "stop token in targets")].level == "warn"
+    assert findings(write_recipe(tmp_path / "t.yaml", [sft]))[("sft", "stop token in targets")].level == "ok"
+
+
+def test_strict_turns_warnings_into_exit_2(tmp_path):
+    grpo = {**GRPO, "train": {**GRPO["train"], "max_completion_length": 1}}
+    path = write_recipe(tmp_path / "r.yaml", [grpo])
+    result = run_cli("check", path)
+    assert "warning: warn: grpo: reference answer" in result.output
+    assert "cannot fit a correct completion" in fails("check", path, "--strict")
+    strict = write_recipe(tmp_path / "s.yaml", [grpo], check="strict")
+    assert "kit check (strict)" in fails("check", strict)
+    assert "kit check (strict)" in fails("run", strict, "--output", tmp_path / "run")  # before any stage
+    assert not (tmp_path / "run" / "grpo").exists()
+    assert run_cli("check", write_recipe(tmp_path / "ok.yaml", [GRPO]), "--strict").exit_code == 0
+
+
+def test_bad_input_is_one_line(tmp_path):
+    path = write_recipe(tmp_path / "r.yaml", [GRPO])
+    assert "--signal 0" in fails("check", path, "--signal", "0")
+    assert "filter: keeps prompts" in fails("check", write_recipe(tmp_path / "a.yaml", [{**SFT_8_STEPS,
+                                                                                          "filter": {"k": 4}}]))
+    for bad, expected in (({"k": 1}, "filter.k must be an integer >= 2"),
+                          ({"min_pass": 1.5}, "filter.min_pass must be a number <= 1"),
+                          ({"max_pass": -0.1}, "filter.max_pass must be a number >= 0"),
+                          ({"min_pass": 0.8, "max_pass": 0.2}, "min_pass 0.8 is above max_pass 0.2")):
+        line = fails("check", write_recipe(tmp_path / "b.yaml", [{**GRPO, "filter": bad}]))
+        assert expected in line, line
+
+
+def test_dry_run_prints_the_cheap_check_as_comments(tmp_path):
+    grpo = {**GRPO, "train": {**GRPO["train"], "max_completion_length": 1}}
+    output = run_cli("run", write_recipe(tmp_path / "r.yaml", [grpo]), "--dry-run").output
+    assert "# kit check: " in output and "#   warn: grpo: reference answer + stop token" in output
+
+
+@pytest.mark.slow
+def test_signal_says_why_groups_carry_no_signal(tmp_path):
+    """The tiny base model cannot do sums and max_completion_length 1 cuts every completion: every group has equal
+    rewards, and the reason given is truncation."""
+    grpo = {**GRPO, "train": {**GRPO["train"], "max_completion_length": 1}}
+    result = run_cli("check", write_recipe(tmp_path / "r.yaml", [grpo]), "--signal", "4", "--json")
+    report = json.loads(result.output.strip().splitlines()[-1])
+    figures = report["signal"]["grpo"]
+    assert figures["prompts"] == 4 and figures["k"] == 4
+    assert figures["zero_variance_share"] == 1.0 and figures["truncated_share"] >= 0.9
+    signal = next(f for f in report["findings"] if f["topic"] == "reward signal")
+    assert signal["level"] == "warn" and "cut at max_completion_length" in signal["verdict"]
