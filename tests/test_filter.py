@@ -104,3 +104,15 @@ def test_a_stage_records_its_filter_and_one_that_keeps_nothing_stops_before_trai
         and "0.0-0.1: 2, 0.2-0.3: 2, 0.5-0.6: 3" in line
     assert not (tmp_path / "run2" / "grpo" / "DONE").exists()
     assert not (tmp_path / "run2" / "grpo" / "checkpoints").exists()
+
+
+def test_kit_data_filter_writes_the_kept_rows_as_written_in_the_data_file(tmp_path):
+    path = setup(tmp_path, {"min_pass": 0.5, "max_pass": 1.0})
+    output = tmp_path / "kept.jsonl"
+    result = run_cli("data", "filter", path, "grpo", "-o", output, "--run-dir", tmp_path / "none")
+    kept = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [row["level"] for row in kept] == [level for level in LEVELS if level / K >= 0.5]
+    assert set(kept[0]) == {"prompt", "answer", "level"}  # the file's own columns
+    assert f"wrote {len(kept)} of {len(LEVELS)} rows" in result.output
+    assert "exists" in fails("data", "filter", path, "grpo", "-o", output)
+    assert "no stage named 'nope'" in fails("data", "filter", path, "nope", "-o", tmp_path / "x.jsonl")
