@@ -1,11 +1,15 @@
-"""The structure the codebase keeps: files a reader can take in (under 450 lines), `rewards/` a library of its own
-(of the kit it uses only the bottom layer: the error class and the run directory's layout; nothing of the runner,
-the stages or the CLI), and no circle among the modules' top-level imports (imports
-inside functions, which keep `kit --help` fast, are lazy by design and not counted)."""
+"""The structure the codebase keeps: files a reader can take in (under 450 lines); a folder per layer whose
+`__init__.py` says, in a line `May import: a/, b/, the ground.`, which folders its modules may import (read here, so
+the rule is written once, where a reader of the folder sees it); the ground (the modules beside kitcli/__init__.py)
+imports no folder; `rewards/` uses only kitcli/errors.py and kitcli/rundir.py of the kit; and no import circle.
+Between layers every import counts, those inside functions (which keep `kit --help` fast) too: a lazy import is
+still an arrow. The circle check reads module-level imports (a lazy import inside one folder may answer one made at
+import time, as the recipe schema asks the stage-type registry for the stage types when it validates)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -14,6 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("kitcli", "rewards")
 MAX_LINES = 450
 REWARDS_MAY_USE = {"kitcli.errors", "kitcli.rundir"}
+GROUND = "the ground"
+TOP = "entry points"
+# `python -m` entry points beside the ground: each hands over to a folder (kitcli/__init__.py names them)
+ENTRY_POINTS = {"kitcli.__main__", "kitcli.tiny", "kitcli.synthetic"}
 
 
 def modules() -> dict[str, Path]:
@@ -25,11 +33,13 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def top_level_imports(path: Path, name: str, known: set[str]) -> set[str]:
-    """The project modules `path` imports at module level (not inside functions or TYPE_CHECKING blocks)."""
+def project_imports(path: Path, name: str, known: set[str], lazy: bool = False) -> set[str]:
+    """The project modules `path` imports at module level (not inside functions or TYPE_CHECKING blocks), or with
+    `lazy` anywhere in the file."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text())
     imported = set()
-    for node in ast.parse(path.read_text()).body:
+    for node in ast.walk(tree) if lazy else tree.body:
         if isinstance(node, ast.Import):
             imported |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -47,6 +57,64 @@ def top_level_imports(path: Path, name: str, known: set[str]) -> set[str]:
     return resolved
 
 
+def import_graph() -> dict[str, set[str]]:
+    """Every arrow between the project's modules: module -> the modules it imports (lazily too)."""
+    found = modules()
+    return {name: project_imports(path, name, set(found), lazy=True) for name, path in found.items()}
+
+
+def layer_of(module: str) -> str:
+    """The folder a module lives in (`rewards`, `run`, ...), the ground, or the entry points."""
+    parts = module.split(".")
+    if parts[0] == "rewards":
+        return "rewards"
+    if module in ENTRY_POINTS:
+        return TOP
+    if len(parts) > 2 or len(parts) == 2 and (ROOT / "kitcli" / parts[1]).is_dir():
+        return parts[1]
+    return GROUND
+
+
+def may_import() -> dict[str, set[str]]:
+    """Each layer folder -> the folders its `__init__.py` says it may import (the ground always may)."""
+    rules = {}
+    for init in sorted([*(ROOT / "kitcli").glob("*/__init__.py"), ROOT / "rewards" / "__init__.py"]):
+        said = re.search(r"^.*May import: (.*)$", ast.get_docstring(ast.parse(init.read_text())) or "", re.M)
+        assert said, f"{init.relative_to(ROOT)}: say in its docstring what it may import ('May import: a/, b/.')"
+        rules[init.parent.name] = set(re.findall(r"\b([a-z_]+)/(?![\w.])", said.group(1)))
+    return rules
+
+
+def rule_home(layer: str) -> str:
+    homes = {GROUND: "the ground, kitcli/*.py,", "rewards": "rewards/__init__.py"}
+    return homes.get(layer, f"kitcli/{layer}/__init__.py")
+
+
+def floors(rules: dict[str, set[str]]) -> dict[str, int]:
+    """The floor of each layer: the ground is 0, a folder stands one above the highest it may import, the entry
+    points stand on top. A circle among the rules fails."""
+    found = {GROUND: 0}
+
+    def floor(layer: str, trail: tuple[str, ...]) -> int:
+        if layer not in found:
+            assert layer not in trail, "the folders' rules go round: " + " -> ".join([*trail, layer])
+            unknown = rules[layer] - set(rules)
+            assert not unknown, f"{rule_home(layer)} names {sorted(unknown)}: no such layer folder"
+            found[layer] = 1 + max((floor(below, (*trail, layer)) for below in rules[layer]), default=0)
+        return found[layer]
+
+    for layer in rules:
+        floor(layer, ())
+    found[TOP] = 1 + max(found.values())
+    return found
+
+
+def upward_arrows(graph: dict[str, set[str]], floor: dict[str, int]) -> list[str]:
+    """The arrows from one layer into another that does not stand below it."""
+    return [f"{a} -> {b}" for a, targets in sorted(graph.items()) for b in sorted(targets)
+            if layer_of(a) != layer_of(b) and floor[layer_of(b)] >= floor[layer_of(a)]]
+
+
 def test_every_module_is_under_450_lines():
     long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) >= MAX_LINES}
     assert not long, f"split these: {long}"
@@ -58,13 +126,13 @@ def test_rewards_uses_only_the_bottom_layer_of_the_kit():
         if name.startswith("rewards"):
             used = {n.module for n in ast.walk(ast.parse(path.read_text()))  # lazy imports too
                     if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("kitcli")}
-            used |= {m for m in top_level_imports(path, name, known) if m.startswith("kitcli")}
+            used |= {m for m in project_imports(path, name, known) if m.startswith("kitcli")}
             assert used <= REWARDS_MAY_USE, (name, used - REWARDS_MAY_USE)
 
 
 def test_no_circle_among_top_level_imports():
     known = set(modules())
-    graph = {name: top_level_imports(path, name, known) for name, path in modules().items()}
+    graph = {name: project_imports(path, name, known) for name, path in modules().items()}
     state: dict[str, str] = {}
 
     def visit(name: str, trail: list[str]) -> None:
@@ -80,6 +148,41 @@ def test_no_circle_among_top_level_imports():
     for name in sorted(graph):
         if name not in state:
             visit(name, [name])
+
+
+def test_every_layer_folder_says_what_it_may_import_and_commands_is_the_top():
+    rules = may_import()
+    assert set(rules) == {p.parent.name for p in (ROOT / "kitcli").glob("*/__init__.py")} | {"rewards"}
+    floor = floors(rules)
+    assert not [layer for layer, below in rules.items() if "commands" in below], "nothing may import commands/"
+    assert max(floor[layer] for layer in rules) == floor["commands"]
+    assert rules["rewards"] == set(), "rewards/ stands alone: of the kit, only the ground"
+
+
+def test_no_arrow_runs_up_between_layers():
+    """An import into a layer on the same floor or above (models/ -> run/, display/ -> stages/, the ground ->
+    any folder) is refused, and named."""
+    up = upward_arrows(import_graph(), floors(may_import()))
+    assert not up, up
+
+
+def test_each_folder_imports_only_what_its_init_says():
+    rules = may_import()
+    allowed = {**{layer: below | {layer, GROUND} for layer, below in rules.items()}, GROUND: {GROUND}}
+    broken = [f"{a} -> {b} ({rule_home(layer_of(a))} allows {sorted(rules.get(layer_of(a), ()))}, the ground)"
+              for a, targets in sorted(import_graph().items()) for b in sorted(targets)
+              if layer_of(a) != TOP and layer_of(b) not in allowed[layer_of(a)]]
+    assert not broken, broken
+
+
+def test_the_ground_and_the_entry_points():
+    """The ground (kitcli/*.py) imports no folder; each entry point hands over to one folder."""
+    graph = import_graph()
+    ground = {m for m in graph if layer_of(m) == GROUND}
+    assert {"kitcli", "kitcli.errors", "kitcli.rundir", "kitcli.records"} <= ground
+    assert {m: graph[m] for m in ground if graph[m] - ground} == {}
+    assert {m: {layer_of(t) for t in graph[m]} for m in ENTRY_POINTS} == {
+        "kitcli.__main__": {"commands"}, "kitcli.tiny": {"models"}, "kitcli.synthetic": {"data"}}
 
 
 def test_fast_tests_cannot_build_a_trainer(request, fast_tests_train_nothing):

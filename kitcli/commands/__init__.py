@@ -1,1 +1,2 @@
-"""Every `kit` command (Click), and nothing else: the top of the house. May import any layer below."""
+"""Every `kit` command (Click), and nothing else: the top of the house; nothing imports it.
+May import: run/, plan/, stages/, ppo/, training/, display/, recipe/, models/, data/, rewards/, the ground."""

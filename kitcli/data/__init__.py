@@ -1,1 +1,2 @@
-"""Datasets: reading rows with their file and line, and the kit's synthetic datasets. Imports only the ground."""
+"""Datasets: reading rows with their file and line, and the kit's synthetic datasets.
+May import: the ground."""

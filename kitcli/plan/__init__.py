@@ -1,1 +1,2 @@
-"""The VRAM planner behind `kit plan` (kitcli/commands/plan.py): architecture, settings, estimate, fit."""
+"""The VRAM planner behind `kit plan` (kitcli/commands/plan.py): architecture, settings, estimate, fit.
+May import: stages/ (a stage's recipe section), training/, recipe/, models/, the ground."""

@@ -8,4 +8,6 @@
     checkpoint.py  resumable checkpoints through accelerate's save_state / load_state
 
 Importing this package (or config.py) loads no torch; the recipe checker reads PPOConfig's fields from its source.
+
+May import: training/, display/, models/, the ground.
 """

@@ -1,2 +1,3 @@
-"""Running a recipe: the runner (stage after stage, resume, DONE) and the multi-process launcher. Imports the
-stage types through the registry, and training, display, recipe, models, data and the ground; never commands/."""
+"""Running a recipe: the runner (stage after stage, resume, DONE) and the multi-process launcher. It reaches the
+stage modules only through the stage-type registry (recipe/stage_types.py), by name.
+May import: training/, display/, recipe/, models/, data/, rewards/, the ground."""

@@ -1,2 +1,3 @@
 """Training machinery the stages share: the trainer factory, TRL config building, checkpoints and resume,
-progress callbacks, interrupts. Imports display, recipe, models, data and the ground; never stages/, run/, commands/."""
+progress callbacks, interrupts.
+May import: display/, recipe/, models/, data/, rewards/, the ground."""
