@@ -59,9 +59,9 @@ from kitcli.errors import KitError
 from kitcli.models.backend import cuda_available, load_stage_policy, save_model
 from kitcli.recipe.schema import RESERVED_TRAIN, StageSpec
 from kitcli.recipe.stage_context import StageContext
-from kitcli.training.checkpoints import resume_checkpoint, train
+from kitcli.training.checkpoints import record_effective_settings, resume_checkpoint, train
 from kitcli.training.filtering import FilteredSection, filter_prompts, filter_summary
-from kitcli.training.progress import attach_progress, make_reward_metrics_callback, read_metrics
+from kitcli.training.progress import attach_progress, make_reward_metrics_callback, quarter_mean, read_metrics
 from kitcli.training.trainers import trainer_summary
 from kitcli.training.trl_config import COMMON_DEFAULTS, build_config, config_dict, config_summary
 from rewards.registry import check_data
@@ -379,21 +379,13 @@ def build_trainer(ctx: StageContext, preset: dict[str, Any], config=None, kind: 
     return trainer, loaded, config
 
 
-def window_mean(values: list[float], first: bool) -> float | None:
-    """Mean of the first (or last) quarter of the logged values: one log of a few groups is noisy."""
-    if not values:
-        return None
-    n = max(1, len(values) // 4)
-    chosen = values[:n] if first else values[-n:]
-    return sum(chosen) / len(chosen)
-
-
 def train_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any],
                 kind: str = "grpo") -> dict[str, Any]:
     config = make_config(ctx, resolved_defaults(ctx, preset, load_reward_functions(ctx), kind), kind)
     metrics_path = ctx.dir.metrics
     resume = resume_checkpoint(ctx, metrics_path, config_dict(config))
     trainer, loaded, config = build_trainer(ctx, preset, config, kind)
+    record_effective_settings(ctx, trainer)
     attach_progress(trainer, ctx.name, metrics_path, ctx.console)
     try:
         train(trainer, resume, ctx.where, stop_every=generation_cycle(vars(config)))
@@ -407,12 +399,12 @@ def train_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any]
     rewards = [row["reward"] for row in logged if "reward" in row]
     summary = {**extra, **trainer_summary(trainer), **filter_summary(ctx), "steps": trainer.state.global_step,
                "resumed_from": resume.name if resume else None,
-               "reward_first": window_mean(rewards, first=True), "reward_last": window_mean(rewards, first=False),
+               "reward_first": quarter_mean(rewards, first=True), "reward_last": quarter_mean(rewards, first=False),
                "backend": loaded.backend}
     for key in sorted({k for row in logged for k in row if k.startswith("rewards/") and k.endswith("/mean")}):
         values = [row[key] for row in logged if key in row]
-        summary[f"{key}_first"] = window_mean(values, first=True)
-        summary[f"{key}_last"] = window_mean(values, first=False)
+        summary[f"{key}_first"] = quarter_mean(values, first=True)
+        summary[f"{key}_last"] = quarter_mean(values, first=False)
     if rewards:
         summary["headline"] = (f"reward {summary['reward_first']:.3f} -> {summary['reward_last']:.3f} "
                                f"(mean of first/last quarter of {len(rewards)} logs)")

@@ -63,7 +63,7 @@ from kitcli.recipe.stage_context import StageContext
 from kitcli.stages.dpo import several_passes
 from kitcli.stages.pairs import PreferenceSection, check_pair, eval_fraction, final_evaluation, has_eval, on_disk
 from kitcli.training import trainers
-from kitcli.training.checkpoints import resume_checkpoint, train
+from kitcli.training.checkpoints import record_effective_settings, resume_checkpoint, train
 from kitcli.training.progress import attach_progress, read_metrics
 from kitcli.training.trl_config import build_config, config_dict, config_summary
 
@@ -331,6 +331,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     metrics_path = ctx.dir.metrics
     resume = resume_checkpoint(ctx, metrics_path, config_dict(config))
     trainer, loaded, reference = build_trainer(ctx, config)
+    record_effective_settings(ctx, trainer)
     attach_progress(trainer, ctx.name, metrics_path, ctx.console)
     train(trainer, resume, ctx.where)
     evaluated = final_evaluation(trainer, metrics_path) if trainer.eval_dataset is not None else {}

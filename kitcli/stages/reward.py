@@ -30,7 +30,7 @@ from kitcli.models.reward_models import load_reward_model, save_merged_reward_mo
 from kitcli.recipe.schema import StageSpec
 from kitcli.recipe.stage_context import StageContext
 from kitcli.stages.pairs import PreferenceSection, describe_data, final_evaluation, has_eval, train_eval_rows
-from kitcli.training.checkpoints import resume_checkpoint, train
+from kitcli.training.checkpoints import record_effective_settings, resume_checkpoint, train
 from kitcli.training.progress import attach_progress, read_metrics
 from kitcli.training.trainers import trainer_summary
 from kitcli.training.trl_config import build_config, config_dict, config_summary
@@ -117,6 +117,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     metrics_path = ctx.dir.metrics
     resume = resume_checkpoint(ctx, metrics_path, config_dict(config))
     trainer, loaded = build_trainer(ctx, config)
+    record_effective_settings(ctx, trainer)
     attach_progress(trainer, ctx.name, metrics_path, ctx.console)
     before = None
     if resume is None and trainer.eval_dataset is not None:

@@ -14,7 +14,7 @@ from kitcli.data.rows import apply_system_prompt, read_rows, require_columns, to
 from kitcli.models.backend import cuda_available, load_stage_policy, save_model
 from kitcli.recipe.schema import StageSpec, TrainingSection
 from kitcli.recipe.stage_context import StageContext
-from kitcli.training.checkpoints import resume_checkpoint, train
+from kitcli.training.checkpoints import record_effective_settings, resume_checkpoint, train
 from kitcli.training.progress import attach_progress, read_metrics
 from kitcli.training.trainers import build_trainer, trainer_summary
 from kitcli.training.trl_config import build_config, config_dict, config_summary
@@ -78,6 +78,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
                                log=ctx.log)
     trainer, _ = build_trainer("sft", loaded, args=config, train_dataset=to_dataset(rows),
                             processing_class=loaded.tokenizer, log=ctx.log, label=ctx.name, where=ctx.where)
+    record_effective_settings(ctx, trainer)
     attach_progress(trainer, ctx.name, metrics_path, ctx.console)
     train(trainer, resume, ctx.where)
     save_model(loaded.model, loaded.tokenizer, ctx.stage_dir)

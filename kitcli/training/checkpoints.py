@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 ADAPTER_FILE = "adapter_model.safetensors"
 # Config fields that may change between an interrupted run and its resume without changing what is trained.
+REWRITTEN_KEY = "kit_rewritten"  # config.json: the fields the built trainer changed from the kit's request
 VOLATILE_SETTINGS = {"logging_steps", "logging_first_step", "logging_dir", "logging_strategy", "save_steps",
                      "save_total_limit", "disable_tqdm", "report_to", "output_dir", "run_name", "log_level",
                      "log_level_replica", "hub_token", "push_to_hub", "eval_steps", "log_completions"}
@@ -125,7 +126,9 @@ def check_settings(stage_dir: Path, checkpoint: Path, settings: dict[str, Any], 
     if saved is None:
         raise KitError(f"{where}: {checkpoint.name} has no record of the settings it was trained with ({path} is "
                        f"missing or damaged); {way_out(stage_dir, checkpoint)}")
-    found = first_difference(saved, json.loads(json.dumps(settings, default=str)), ignore=VOLATILE_SETTINGS)
+    rewritten = set(saved.pop(REWRITTEN_KEY, ()))  # the trainer sets these whatever the stage asks
+    found = first_difference(saved, json.loads(json.dumps(settings, default=str)),
+                             ignore=VOLATILE_SETTINGS | rewritten)
     if found:
         key, before, now = found
         raise KitError(f"{where}: {checkpoint.name} was trained with train.{key} {before!r}, the stage now has "
@@ -310,3 +313,18 @@ def resume_checkpoint(ctx: StageContext, metrics_path: Path, settings: dict[str,
         ctx.log(f"resuming {ctx.name} from {resume.name} (step {step}): weights, optimizer, scheduler and RNG "
                 f"state restored")
     return resume
+
+
+def record_effective_settings(ctx: StageContext, trainer) -> None:
+    """config.json from the built trainer's own config (`trainer.args` after __init__), so the file says what
+    trains, not what was asked. resume_checkpoint wrote the kit's request there just before: the fields the trainer
+    changed from it (e.g. Unsloth's DPO fills in max_seq_length) are listed under `kit_rewritten`, and a resume
+    does not compare them (the trainer sets them whatever the stage asks). Called before the trainer trains."""
+    from kitcli.training.trl_config import config_dict
+
+    if not dist.is_main_process():
+        return
+    requested = ctx.dir.read_config() or {}
+    effective = config_dict(trainer.args)
+    rewritten = sorted(k for k in set(requested) | set(effective) if requested.get(k) != effective.get(k))
+    ctx.dir.write_config({**effective, **({REWRITTEN_KEY: rewritten} if rewritten else {})})

@@ -56,6 +56,15 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return read_jsonl(path)
 
 
+def quarter_mean(values: list[float], first: bool) -> float | None:
+    """Mean of the first (or last) quarter of the logged values: one log of a few groups is noisy."""
+    if not values:
+        return None
+    n = max(1, len(values) // 4)
+    chosen = values[:n] if first else values[-n:]
+    return sum(chosen) / len(chosen)
+
+
 def truncate_metrics(path: Path, last_step: int) -> None:
     """On resume from checkpoint N, drop lines logged after step N (they will be logged again), in metrics.jsonl
     and the stage's alarms.jsonl / completions.jsonl."""
