@@ -72,6 +72,34 @@ def test_generate_writes_one_json_line_per_prompt(trained_run, tmp_path):
     assert written[0]["completion"] == lines[0]["completion"]
 
 
+def greedy_replies(model: dict, prompts: list[str], init_from=None) -> list[str]:
+    """Greedy replies of the tiny base model, with `init_from`'s adapter or without, loaded and run here."""
+    from kitcli.models.backend import load_policy
+    from kitcli.models.generate import generate
+
+    loaded = load_policy("tiny", max_seq_length=model["max_seq_length"], load_in_4bit=model["load_in_4bit"],
+                         lora=None, dtype=model.get("dtype", "auto"), init_from=init_from, trainable=False,
+                         log=lambda _: None)
+    replies = generate(loaded.model, loaded.tokenizer, [[{"role": "user", "content": p}] for p in prompts],
+                       max_new_tokens=4, temperature=0.0)
+    return [reply.strip() for reply in replies]
+
+
+def test_chat_and_generate_answer_with_the_stage_adapter_not_the_base(trained_run, tmp_path):
+    """What `kit generate` and `kit chat` say is what the base model with the stage's adapter says, which here is
+    not what the base model alone says (so a command that skipped the adapter would fail)."""
+    prompts = ["3+4=", QUESTION, "2+2="]
+    model = yaml.safe_load((trained_run / "recipe.lock.yaml").read_text())["recipe"]["model"]
+    with_adapter = greedy_replies(model, prompts, init_from=trained_run / "sft")
+    assert with_adapter != greedy_replies(model, prompts), "the adapter must change the replies, or this tests nothing"
+
+    (tmp_path / "p.txt").write_text("\n".join(prompts) + "\n")
+    result = run_cli("generate", f"{trained_run}/sft", "--prompts", tmp_path / "p.txt", "--max-new-tokens", "4")
+    assert [json.loads(line)["completion"] for line in result.stdout.splitlines()] == with_adapter
+    chatted = [chat(f"{trained_run}/sft", "--max-new-tokens", "4", input=f"{p}\n").stdout for p in prompts]
+    assert [text.split("assistant> ", 1)[1].split("you>", 1)[0].strip() for text in chatted] == with_adapter
+
+
 def fake_run(root, stages, finished=()):
     """A run directory with a lock file and stage folders (no model): for the error paths."""
     root.mkdir(parents=True)

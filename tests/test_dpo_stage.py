@@ -4,10 +4,11 @@ metrics, saves an adapter that reloads; bad data and a wrong `init` fail in one 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
-from helpers import DATA, TINY_MODEL, done, metrics, run_cli, snapshot, stage_context, write_recipe
+from helpers import DATA, TINY_MODEL, completion_logprob, done, metrics, run_cli, snapshot, stage_context, write_recipe
 from safetensors.torch import load_file
 
 DPO_STEPS = 6
@@ -73,6 +74,36 @@ def test_dpo_trains_from_sft_logs_reward_metrics_and_saves(sft_dpo_run, tiny_mod
                                "content": "Ada has 2 apples and gets 3 more. How many apples does Ada have?"}]],
                             max_new_tokens=4)
     assert isinstance(completion, str)
+
+
+def preference_margins(stage_dir, rows: list[dict]) -> torch.Tensor:
+    """Per pair: log pi(chosen | prompt) - log pi(rejected | prompt) under the policy `stage_dir` saved, computed
+    here from the chat template and one forward per completion."""
+    from kitcli.models.backend import load_policy
+
+    loaded = load_policy("tiny", max_seq_length=TINY_MODEL["max_seq_length"], load_in_4bit=True, lora=None,
+                         dtype="float32", init_from=stage_dir, trainable=False, log=lambda _: None)
+    tokenizer = loaded.tokenizer
+    margins = []
+    with torch.no_grad():
+        for row in rows:
+            prompt = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True)
+            prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+            chosen, rejected = (tokenizer(row[k][0]["content"], add_special_tokens=False)["input_ids"]
+                                for k in ("chosen", "rejected"))
+            margins.append(completion_logprob(loaded.model, prompt, chosen)
+                           - completion_logprob(loaded.model, prompt, rejected))
+    return torch.stack(margins)
+
+
+def test_dpo_widens_the_margin_of_the_preferred_completion(sft_dpo_run):
+    """The outcome DPO is for: on its training pairs the trained policy prefers the chosen completion over the
+    rejected one by more than the SFT model it started from did (a stage that stepped the wrong way, or trained on
+    swapped pairs, narrows it)."""
+    _, run_dir, _ = sft_dpo_run
+    rows = [json.loads(line) for line in Path(PREFS["path"]).read_text().splitlines()[:PREFS["limit"]]]
+    gain = preference_margins(run_dir / "dpo", rows) - preference_margins(run_dir / "sft", rows)
+    assert gain.mean() > 0.2, gain  # measured 0.49 (seed 0): 6 steps of DPO from the SFT model
 
 
 def test_dpo_reference_is_the_sft_model_not_the_base(sft_dpo_run):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 import yaml
 from helpers import DATA, done, metrics, run_cli, write_recipe
 from safetensors.torch import load_file
@@ -76,6 +77,10 @@ def test_gspo_adapter_reloads(trained):
     loaded = load_policy("tiny", max_seq_length=128, load_in_4bit=True, lora=None, dtype="float32",
                          init_from=trained / "gspo", trainable=False, log=lambda _: None)
     assert loaded.trainable_params == 0 and loaded.total_params > 0
+    saved = load_file(str(trained / "gspo" / "adapter" / "adapter_model.safetensors"))
+    state = {k.replace(".default", ""): v for k, v in loaded.model.state_dict().items() if "lora_" in k}
+    assert state.keys() == saved.keys()
+    assert all(torch.equal(state[k].to(v.dtype), v) for k, v in saved.items())  # the GSPO stage's weights, not SFT's
 
 
 def test_on_policy_settings_are_refused_with_the_reason(tmp_path):

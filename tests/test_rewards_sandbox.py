@@ -67,6 +67,16 @@ def test_passing_and_failing_code():
     assert (result.status, result.passed, result.total, result.score()) == ("failed", 1, 2, 0.5)
 
 
+def test_a_program_passes_a_stdin_stdout_test_only_when_it_also_exits_0():
+    """The right output is not enough: a program that then raises (or exits 3) fails its test."""
+    tests = parse_tests([{"input": "2 3", "output": "5"}])
+    honest = "import sys\nprint(sum(map(int, sys.stdin.read().split())))"
+    assert run_tests(honest, tests, WITH_HOOK).score() == 1.0
+    for ending in ("raise ValueError('after the answer')", "raise SystemExit(3)"):
+        result = run_tests(f"{honest}\n{ending}", tests, WITH_HOOK)
+        assert result.score() == 0.0 and "exit status" in result.detail, (ending, result.detail)
+
+
 def test_run_snippet_returns_output_traceback_and_status():
     ok = run_snippet("import sys\nprint(sum(map(int, sys.stdin.read().split())))", stdin="2 3\n", limits=WITH_HOOK)
     assert (ok.status, ok.stdout, ok.stderr, ok.exit_status) == ("ok", "5\n", "", 0)

@@ -11,6 +11,7 @@ CPU, conftest.trainer_family), and asserts what the trainer really uses, not wha
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -162,8 +163,11 @@ def test_a_trainer_rewrite_of_an_explicit_value_is_refused(trainer_family, tmp_p
              "eval_fraction": 0.2, "train": {"max_steps": 1, "per_device_train_batch_size": 4,
                                              "per_device_eval_batch_size": 8}}
     recipe = write_recipe(tmp_path / "r.yaml", [stage])
-    if trainer_family == "trl":
+    if trainer_family == "trl":  # TRL's trainer keeps the value: the stage trains with it, and says so
         run_cli("run", recipe, "--output", tmp_path / "run")
+        config = json.loads((tmp_path / "run" / "dpo" / "config.json").read_text())  # the built trainer's values
+        assert config["per_device_eval_batch_size"] == 8 and "kit_rewritten" not in config
+        assert "rewritten" not in json.loads((tmp_path / "run" / "dpo" / "DONE").read_text())
         return
     result = run_cli("run", recipe, "--output", tmp_path / "run", expect=2)
     last = result.output.strip().splitlines()[-1]
