@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.kit-installed
 KIT_TEST_WORKERS ?= 2
 
-.PHONY: demo test test-fast lint bench install clean
+.PHONY: demo test test-fast lint mutants bench install clean
 
 install: $(STAMP)
 
@@ -30,6 +30,11 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+# Mutation check (not part of `make test`): each mutant breaks the code in a copy of the tree and must turn the
+# test that guards it red (tests/mutants.py --list names them).
+mutants: $(STAMP)
+	$(BIN)/python tests/mutants.py
 
 # Benchmarks (not part of `make test`): start-up, kit vs raw TRL overhead, the demo pipeline, fast defaults,
 # GPU figures (reduced on a CPU), seeds.
