@@ -97,6 +97,13 @@ def test_a_stage_records_its_filter_and_one_that_keeps_nothing_stops_before_trai
     assert record["kept"] == expected and record["kept_share"] == expected / len(LEVELS)
     assert sum(record["pass_rate_histogram_after"]) == expected
     assert record["zero_variance_share_after"] == 0.0
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert f"kept {expected} of {len(LEVELS)} prompts" in report and "(plots/grpo-filter.svg)" in report
+    svg = (tmp_path / "run" / "plots" / "grpo-filter.svg").read_text()
+    before = [0] * 10
+    for level in LEVELS:
+        before[min(int(level / K * 10), 9)] += 1
+    assert f'data-label="before filtering" data-y="{",".join(f"{float(n):g}" for n in before)}"' in svg, svg[:2000]
     (tmp_path / "b").mkdir()
     empty = setup(tmp_path / "b", {"min_pass": 0.3, "max_pass": 0.4})
     line = fails("run", empty, "--output", tmp_path / "run2", "-q")

@@ -17,6 +17,7 @@ from typing import Any
 
 from kitcli.display import svgplot
 from kitcli.display.formatting import format_value, message_text
+from kitcli.display.signal_report import filter_section
 from kitcli.recipe import stage_types
 from kitcli.records import read_jsonl
 from kitcli.rundir import RunDir, StageDir, read_run_lock
@@ -284,6 +285,7 @@ def write_report(run_dir: Path) -> Path:
         if stage_types.specs().get(record.type) is not None and stage_types.spec(record.type).evaluates:
             lines += eval_section(record)
             continue
+        lines += filter_section(record.name, record.done or {}, plots)  # `filter:`: pass rates before / after
         svg = plots / f"{record.name}.svg"
         drawn = up_to_date(svg, record.directory)  # by an earlier `kit run` from the same files: keep it
         if not drawn:
