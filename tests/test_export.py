@@ -9,8 +9,8 @@ import json
 import torch
 from helpers import DATA, run_cli, snapshot, write_recipe
 
+from kitcli.cache import file_sha256
 from kitcli.models.generate import generate
-from kitcli.models.tiny import file_sha256
 
 PROMPTS = [[{"role": "user", "content": "Ada has 3 apples and gets 5 more. How many apples does Ada have?"}],
            [{"role": "user", "content": "Bo has 7 cups and gets 2 more. How many cups does Bo have?"}],

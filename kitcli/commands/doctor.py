@@ -258,7 +258,7 @@ def free_gib(path: Path) -> float:
 
 
 def check_disk() -> list[Check]:
-    from kitcli.models.tiny import kit_home
+    from kitcli.cache import kit_home
 
     hf_home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
     places = {"kit cache (KIT_HOME)": kit_home(), "hub cache (HF_HOME)": Path(os.environ.get("HF_HUB_CACHE",

@@ -81,7 +81,7 @@ def four_bit(requested: bool | None) -> bool:
 def prepare_backend(backend: str) -> None:
     """Import unsloth first (before trl / transformers / peft) when it will be used; quiet library chatter."""
     if backend.startswith("unsloth"):
-        from kitcli.models.tiny import kit_home
+        from kitcli.cache import kit_home
 
         # Unsloth writes the trainers and modules it generates to ./unsloth_compiled_cache unless told otherwise
         os.environ.setdefault("UNSLOTH_COMPILE_LOCATION", str(kit_home() / "unsloth_compiled_cache"))

@@ -27,8 +27,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from kitcli.cache import file_sha256, kit_home
 from kitcli.errors import KitError
-from kitcli.models.tiny import file_sha256, kit_home
 
 GGUF_MAGIC = b"GGUF"
 GGUF_INSTALL = "pip install gguf   (or: pip install 'lora-kit[smol]')"

@@ -12,10 +12,11 @@ which is why the result is shipped instead of built at first use.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
+
+from kitcli.cache import file_sha256, kit_home
 
 TINY_CONFIG = {
     "hidden_size": 128,
@@ -41,10 +42,6 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-
-
-def kit_home() -> Path:
-    return Path(os.environ.get("KIT_HOME", Path.home() / ".cache" / "kit"))
 
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "tiny"
@@ -79,14 +76,6 @@ def ensure_tiny_model(seed: int = 0) -> Path:
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
     return target
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def build_tiny_model(target: Path, seed: int = 0) -> Path:
