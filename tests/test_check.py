@@ -122,6 +122,27 @@ def test_bad_input_is_one_line(tmp_path):
         assert expected in line, line
 
 
+def test_the_pass_rule_of_a_filter(tmp_path):
+    """Default: every reward at its best (weights times the top of each declared range); pass_reward: one reward's
+    declared maximum or pass_score; a reward without a finite range needs pass_reward and pass_score."""
+    rewards = ["exact_match", {"name": "numeric_closeness", "args": {"scale": 2.0}, "weight": 0.5}]
+    stage = {**GRPO, "rewards": rewards, "filter": {"k": 4}}
+    found = findings(write_recipe(tmp_path / "r.yaml", [stage]))
+    assert "pass = weighted total >= 1.5" in found[("grpo", "filter")].verdict
+    assert "4 samples x 400 prompts = 1600 completions" in found[("grpo", "filter")].figures
+    stage["filter"] = {"k": 4, "pass_reward": "exact_match"}
+    assert "pass = exact_match >= 1" in findings(write_recipe(tmp_path / "r.yaml", [stage]))[("grpo", "filter")].verdict
+    stage["filter"] = {"k": 4, "pass_reward": "numeric_closeness", "pass_score": 0.5}
+    found = findings(write_recipe(tmp_path / "r.yaml", [stage]))
+    assert "pass = numeric_closeness >= 0.5" in found[("grpo", "filter")].verdict
+    stage["filter"] = {"k": 4, "pass_reward": "nope"}
+    assert "filter.pass_reward 'nope' is not one of the stage's rewards" in fails(
+        "check", write_recipe(tmp_path / "r.yaml", [stage]))
+    (tmp_path / "free.py").write_text("def free(prompts, completions, **kw):\n    return [0.0] * len(completions)\n")
+    stage = {**GRPO, "rewards": ["free.py:free"], "filter": {"k": 4}}
+    assert "declares no finite score range" in fails("check", write_recipe(tmp_path / "r.yaml", [stage]))
+
+
 def test_dry_run_prints_the_cheap_check_as_comments(tmp_path):
     grpo = {**GRPO, "train": {**GRPO["train"], "max_completion_length": 1}}
     output = run_cli("run", write_recipe(tmp_path / "r.yaml", [grpo]), "--dry-run").output

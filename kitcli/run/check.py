@@ -59,7 +59,10 @@ def load_tokenizer(name: str):
         source = gguf.source_file(name)
         folder = Path(name) if source is None else gguf.converted_dir(gguf.file_sha256(source))
         if source is not None and not (folder / "tokenizer_config.json").is_file():
-            folder = gguf.ensure_converted(source, log=lambda message: None)
+            from kitcli import libraries
+
+            with libraries.library_output():  # the conversion's progress bars go to libraries.log, not the table
+                folder = gguf.ensure_converted(source, log=lambda message: None)
     from transformers import AutoTokenizer
 
     try:  # a hub model's tokenizer only from the local cache: a check downloads nothing
@@ -315,6 +318,22 @@ def template_findings(ctx: StageContext, rows: list[dict[str, Any]], render: Ren
     return found
 
 
+def filter_findings(ctx: StageContext, rows: list[dict[str, Any]]) -> list[Finding]:
+    """A stage's `filter:`: what it will sample and what passes (a pass rule it cannot form is an error here)."""
+    from kitcli.training.signal import pass_rule
+    from rewards.registry import load_rewards
+
+    spec = ctx.stage.get("filter")
+    if not spec:
+        return []
+    written = ctx.stage.get("rewards") or []
+    rewards = load_rewards(written, ctx.recipe.base_dir, f"{ctx.where}: rewards")
+    rule = pass_rule(rewards, spec, ctx.where, [r["name"] if isinstance(r, dict) else r for r in written])
+    return [Finding(ctx.name, "filter", "info", f"{spec['k']} samples x {len(rows)} prompts = "
+                                                f"{spec['k'] * len(rows)} completions before training",
+                    f"keeps pass rates in [{spec['min_pass']:g}, {spec['max_pass']:g}]; pass = {rule.describe}")]
+
+
 # --- running them ------------------------------------------------------------------------------------------------
 
 def check_recipe(recipe: Recipe, run_dir: Path | None = None, console=None) -> list[Finding]:
@@ -342,7 +361,7 @@ def check_recipe(recipe: Recipe, run_dir: Path | None = None, console=None) -> l
         if not any(f.topic == "chat template" for f in template):  # conversations it cannot render: not measured
             found += length_findings(ctx, rows, values, render, generation)
         found += batch_findings(ctx, len(rows), values)
-        found += template
+        found += template + filter_findings(ctx, rows)
     return found
 
 
