@@ -30,25 +30,56 @@ def did_you_mean(word: str, choices) -> str:
     return f"; did you mean '{match[0]}'?" if match else ""
 
 
+def debugging() -> bool:
+    """KIT_DEBUG=1: show the traceback of every error (a user error's too, before its line)."""
+    import os
+
+    return os.environ.get("KIT_DEBUG", "").lower() not in ("", "0", "false", "no")
+
+
+def saved_traceback() -> str:
+    """The current exception's traceback in a file of its own (a bug seen once in a long run is not lost)."""
+    import tempfile
+    import traceback
+
+    handle, path = tempfile.mkstemp(prefix="kit-traceback-", suffix=".txt")
+    with open(handle, "w", encoding="utf-8") as out:
+        out.write(traceback.format_exc())
+    return path
+
+
 class KitGroup(click.Group):
     """The `kit` group: usage errors (bad options, missing arguments) print as one line, exit status 2, like
-    every other user error, instead of Click's usage block."""
+    every other user error, instead of Click's usage block. Any other exception that gets here is a bug in kit: one
+    line naming it and the file that keeps its traceback, exit status 1; KIT_DEBUG=1 shows every traceback."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         import sys
+        import traceback
 
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.UsageError as error:
+            if debugging():
+                traceback.print_exc()
             path = error.ctx.command_path if error.ctx is not None else "kit"
             click.echo(f"Error: {error.format_message()} (see `{path} --help`)", err=True)
             sys.exit(2)
         except click.ClickException as error:
+            if debugging():
+                traceback.print_exc()
             error.show()
             sys.exit(error.exit_code)
         except click.Abort:
             click.echo("Aborted.", err=True)
+            sys.exit(1)
+        except Exception as error:  # a bug: one line here, the traceback kept in a file
+            if debugging():
+                raise
+            first = (str(error).strip().splitlines() or [""])[0][:200]
+            click.echo(f"Error: internal error in kit: {type(error).__name__}: {first} (a bug; its traceback is in "
+                       f"{saved_traceback()}; KIT_DEBUG=1 shows it here; please report it)", err=True)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)

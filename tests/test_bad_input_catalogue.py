@@ -1,8 +1,9 @@
 """The bad-input catalogue: each case states its input and the fragment its one-line error must contain.
 
-Every case must exit with status 2, print exactly one `Error:` line and no traceback, and leave an existing run
-directory byte-for-byte unchanged. Cases run in-process through Click's CliRunner against a prepared run directory.
-"""
+Every case must exit with status 2, print exactly one `Error:` line and no traceback (with KIT_DEBUG unset), and
+leave an existing run directory byte-for-byte unchanged. Cases run in-process through Click's CliRunner against a
+prepared run directory, through the same top level as `kit` (KitGroup.main: an exception that got past it would be
+a traceback); with KIT_DEBUG=1 every case shows its traceback before the same line. A few run as real processes."""
 
 from __future__ import annotations
 
@@ -276,6 +277,35 @@ CASES = [
                                              "-o", t / "k.jsonl"], "pairs need columns prompt, chosen and rejected"),
     Case("data-to-kto-exists", lambda t: ["data", "to-kto", str(DATA / "arithmetic_prefs.jsonl"), "-o",
                                           data_file(t, "keep\n", "k.jsonl")], "exists; pass --force"),
+    # --- values of the wrong type in a data file: named by file, row and column, before any model loads -------
+    Case("data-prompt-number", lambda t: ["run", with_stage(t, data=data_file(
+        t, '{"prompt": "a", "completion": "b"}\n{"prompt": 42, "completion": "c"}\n'))],
+        "row 2 of", ["d.jsonl', column 'prompt' holds int 42", "must be a string or a list of messages"]),
+    Case("data-completion-null", lambda t: ["run", with_stage(t, data=data_file(
+        t, '{"prompt": "a", "completion": null}\n'))], "row 1 of", ["column 'completion' holds null"]),
+    Case("data-text-list", lambda t: ["run", with_stage(t, data=data_file(t, '{"text": ["a"]}\n'))],
+         "column 'text' holds list [\"a\"]", ["it must be a string"]),
+    Case("data-renamed-column-number", lambda t: ["run", with_stage(t, data={
+        "path": data_file(t, '{"q": 7, "a": "b"}\n'), "columns": {"q": "prompt", "a": "completion"}})],
+        "column 'prompt' (the file's 'q') holds int 7"),
+    Case("data-chosen-number", lambda t: ["run", recipe(t, stages=[{"name": "d", "type": "dpo", "data": data_file(
+        t, '{"prompt": "a", "chosen": 3, "rejected": "c"}\n')}])], "row 1 of", ["column 'chosen' holds int 3"]),
+    Case("data-rejected-mapping", lambda t: ["run", recipe(t, stages=[{"name": "d", "type": "dpo", "data": data_file(
+        t, '{"prompt": "a", "chosen": "b", "rejected": {"x": 1}}\n')}])], "column 'rejected' holds dict"),
+    Case("data-answer-mapping", lambda t: ["run", recipe(t, stages=[{"name": "e", "type": "eval", "data": data_file(
+        t, '{"prompt": "a", "answer": 4}\n{"prompt": "b", "answer": {"x": 1}}\n')}])],
+        "row 2 of", ["column 'answer' holds dict", "a string, a number or a list of them"]),
+    Case("data-prompt-bool-grpo", lambda t: ["run", recipe(t, stages=[{
+        "name": "g", "type": "grpo", "rewards": ["exact_match"],
+        "data": data_file(t, '{"prompt": true, "answer": "1"}\n')}])], "column 'prompt' holds bool true"),
+    # --- models and trackers that are not here ---------------------------------------------------------------
+    Case("model-hub-offline", lambda t: ["run", recipe(t, model={"name": "someorg/not-cached-model"})],
+         "model 'someorg/not-cached-model' is not in the local Hugging Face cache",
+         ["there is no network", "hf download someorg/not-cached-model", "a local model directory"]),
+    Case("report-to-not-installed", lambda t: ["run", with_stage(t, train={"max_steps": 2, "report_to": "clearml"})],
+         "train.report_to 'clearml' needs the clearml package, which is not installed", ["pip install clearml"]),
+    Case("report-to-unknown", lambda t: ["run", with_stage(t, train={"max_steps": 2, "report_to": ["tensorbored"]})],
+         "train.report_to 'tensorbored' is not a tracker transformers knows", ["did you mean 'tensorboard'"]),
     # --- CLI options -----------------------------------------------------------------------------------------
     Case("set-no-equals", lambda t: ["run", recipe(t), "--set", "lora.r"], "expected KEY=VALUE"),
     Case("set-unknown-stage", lambda t: ["run", recipe(t), "--set", "stages.sfx.train.max_steps=1"],
@@ -298,6 +328,8 @@ CASES = [
 def prepared(tmp_path, monkeypatch):
     """A finished-looking run directory of another recipe, a non-kit directory and one with a corrupt lock."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network here: a hub model must be in the cache
+    monkeypatch.delenv("KIT_DEBUG", raising=False)
     run = tmp_path / RUN
     (run / "sft" / "adapter").mkdir(parents=True)
     (run / "recipe.lock.yaml").write_text(yaml.safe_dump({"recipe": {"name": "other"}, "datasets": {}}))
@@ -320,6 +352,7 @@ def test_bad_input(case, prepared):
     before = {name: snapshot(prepared / name) for name in (RUN, "notkit", "badlock")}
     result = run_cli(*case.argv(prepared), expect=None)
     output = result.output
+    assert isinstance(result.exception, (SystemExit, type(None))), (output, result.exception)  # none got past
     assert result.exit_code == 2, output
     errors = [line for line in output.splitlines() if line.startswith("Error")]
     assert len(errors) == 1, output
@@ -328,3 +361,47 @@ def test_bad_input(case, prepared):
         assert fragment in errors[0], f"{fragment!r} not in {errors[0]!r}"
     assert {name: snapshot(prepared / name) for name in before} == before
     assert not (prepared / "runs").exists() or not any((prepared / "runs").iterdir())
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_kit_debug_shows_the_traceback(case, prepared, monkeypatch):
+    monkeypatch.setenv("KIT_DEBUG", "1")
+    result = run_cli(*case.argv(prepared), expect=None)
+    assert result.exit_code == 2, result.output
+    assert "Traceback (most recent call last)" in result.output
+    assert result.output.strip().splitlines()[-1].startswith("Error: ")
+
+
+@pytest.mark.parametrize("debug", ["", "1"])
+def test_a_real_kit_process_shows_a_traceback_only_with_kit_debug(prepared, debug):
+    import os
+    import subprocess
+    import sys
+
+    case = next(c for c in CASES if c.id == "data-prompt-number")
+    env = {k: v for k, v in os.environ.items() if k != "KIT_DEBUG"} | ({"KIT_DEBUG": debug} if debug else {})
+    process = subprocess.run([sys.executable, "-m", "kitcli", *map(str, case.argv(prepared))], capture_output=True,
+                             text=True, env=env)
+    assert process.returncode == 2, process.stderr
+    assert ("Traceback" in process.stdout + process.stderr) == bool(debug), process.stderr
+    assert case.fragment in process.stderr.strip().splitlines()[-1]
+
+
+def test_an_exception_past_the_commands_is_one_line_and_a_saved_traceback(prepared, monkeypatch):
+    import kitcli.recipe.load
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("division by zero in a bug")
+
+    monkeypatch.setattr(kitcli.recipe.load, "load_recipe", broken)
+    result = run_cli("run", recipe(prepared), expect=1)
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert lines[0].startswith("Error: internal error in kit: ZeroDivisionError: division by zero in a bug (a bug;")
+    saved = Path(lines[0].split("its traceback is in ")[1].split(";")[0])
+    assert "Traceback" in saved.read_text()
+    assert "raise ZeroDivisionError" in saved.read_text()
+    saved.unlink()
+    monkeypatch.setenv("KIT_DEBUG", "1")
+    result = run_cli("run", recipe(prepared), expect=1)
+    assert isinstance(result.exception, ZeroDivisionError)  # KIT_DEBUG=1: Python's own traceback, as before

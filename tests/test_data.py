@@ -65,3 +65,15 @@ def test_bad_json_file(tmp_path):
     path.write_text('{"data": [1, 2}')
     with pytest.raises(KitError, match="a.json: not valid JSON"):
         read_rows({"path": str(path)}, "test")
+
+
+def test_answers_may_be_numbers_or_lists_and_text_must_be_text(tmp_path):
+    path = tmp_path / "d.jsonl"
+    rows = [{"prompt": "a", "answer": 4}, {"prompt": "b", "answer": 2.5}, {"prompt": "c", "answer": ["7", 7]},
+            {"prompt": [{"role": "user", "content": "d"}], "answer": "x"}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert [r["answer"] for r in read_rows({"path": str(path)}, "test")] == [4, 2.5, ["7", 7], "x"]
+    path.write_text('{"prompt": "a", "answer": 4}\n{"prompt": 5, "answer": 4}\n')
+    with pytest.raises(KitError, match=r"test: row 2 of '.*d.jsonl', column 'prompt' holds int 5; it must be a "
+                                       r"string or a list of messages"):
+        read_rows({"path": str(path)}, "test")

@@ -45,6 +45,7 @@ def read_rows(spec: dict[str, Any], where: str) -> list[dict[str, Any]]:
         rows = [{columns.get(k, k): v for k, v in row.items()} for row in rows]
     if spec.get("limit"):
         rows = rows[: spec["limit"]]
+    check_value_types(rows, where, spec["path"], columns)
     if spec.get("chat"):
         rows = as_conversations(rows)
     check_conversations(rows, where, spec["path"])
@@ -72,6 +73,30 @@ def as_conversations(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 row[key] = [{"role": "assistant", "content": row[key]}]
         out.append(row)
     return out
+
+
+TEXT_COLUMNS = ("prompt", "completion", "chosen", "rejected", "text")
+
+
+def check_value_types(rows: list[dict[str, Any]], where: str, path: str, renamed: dict[str, str]) -> None:
+    """The text columns hold strings (the conversational ones, or lists of messages) and `answer` a string, a number
+    or a list of them (accepted answers), row by row, before any model loads (a tokenizer would fail on the first
+    other value with a traceback)."""
+    source = {kit: column for column, kit in renamed.items()}
+    for number, row in enumerate(rows, start=1):
+        for key in (*TEXT_COLUMNS, "answer"):
+            value = row.get(key, "")
+            if isinstance(value, str) or (key in CONVERSATION_COLUMNS and isinstance(value, list)):
+                continue
+            if key == "answer" and all(isinstance(a, (str, int, float)) and not isinstance(a, bool)
+                                       for a in (value if isinstance(value, list) and value else [value])):
+                continue  # a number, or a list of accepted answers
+            column = f"column '{key}'" + (f" (the file's '{source[key]}')" if key in source else "")
+            found = "null" if value is None else f"{type(value).__name__} {json.dumps(value, default=str)[:40]}"
+            wanted = ("a string, a number or a list of them" if key == "answer" else
+                      "a string or a list of messages" if key in CONVERSATION_COLUMNS else "a string")
+            raise KitError(f"{where}: row {number} of '{path}', {column} holds {found}; it must be {wanted} (quote "
+                           f"it in the file)")
 
 
 def check_conversations(rows: list[dict[str, Any]], where: str, path: str) -> None:

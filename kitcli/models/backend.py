@@ -175,7 +175,46 @@ def resolve_model_path(name: str, seed: int, log=print) -> str:
     source = gguf.source_file(name)
     if source is not None:
         return str(gguf.ensure_converted(source, log=log))
+    check_model_reachable(name)
     return name
+
+
+def hub_offline() -> bool:
+    return any(os.environ.get(k, "").upper() in ("1", "ON", "TRUE", "YES")
+               for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def uncached_hub_model(name: str) -> bool:
+    """`name` is a hub id (not the tiny model, a GGUF file or a local path) whose files are not in the local
+    Hugging Face cache."""
+    if name == "tiny" or Path(name).expanduser().exists():
+        return False
+    from kitcli.models import gguf
+
+    if gguf.is_gguf_name(name) or name in gguf.NAMED_MODELS:
+        return False
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return not isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # noqa: BLE001  (not a valid repo id: not in the cache either)
+        return True
+
+
+def not_cached(name: str, why: str) -> KitError:
+    from huggingface_hub import constants
+
+    return KitError(f"model '{name}' is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and {why}; "
+                    f"download it where there is a network (`hf download {name}`) and copy its cache folder "
+                    f"(models--{name.replace('/', '--')}) here, or set model.name to a local model directory or a "
+                    f".gguf file")
+
+
+def check_model_reachable(name: str) -> None:
+    """Before anything loads: a hub model that is not cached while the hub is switched off is one line, not the
+    loader's traceback. (Without HF_HUB_OFFLINE the loader tries the network; load_policy words its failure.)"""
+    if hub_offline() and uncached_hub_model(name):
+        raise not_cached(name, "there is no network (HF_HUB_OFFLINE is set)")
 
 
 def torch_dtype(name: str, on_gpu: bool):
@@ -239,13 +278,19 @@ def load_policy(
             path, lora = str(init.model), None
         else:
             raise KitError(f"stage output '{init_from}' has no adapter/ or model/; re-run that stage with --force")
-    with libraries.library_output():  # the kit's summary line below says what was loaded
-        if chosen.startswith("unsloth"):
-            model, tokenizer, quantized = _load_unsloth(path, max_seq_length, load_in_4bit, lora, dtype, seed,
-                                                        trust_remote_code, full_finetuning=lora is None and trainable)
-        else:
-            model, tokenizer, quantized = _load_transformers(path, max_seq_length, load_in_4bit, lora, dtype, seed,
-                                                             trust_remote_code)
+    try:
+        with libraries.library_output():  # the kit's summary line below says what was loaded
+            if chosen.startswith("unsloth"):
+                model, tokenizer, quantized = _load_unsloth(path, max_seq_length, load_in_4bit, lora, dtype, seed,
+                                                            trust_remote_code,
+                                                            full_finetuning=lora is None and trainable)
+            else:
+                model, tokenizer, quantized = _load_transformers(path, max_seq_length, load_in_4bit, lora, dtype,
+                                                                 seed, trust_remote_code)
+    except OSError as error:
+        if path == model_name and uncached_hub_model(model_name):  # the hub could not be reached
+            raise not_cached(model_name, f"the hub cannot be reached ({str(error).splitlines()[0]})") from None
+        raise
     if adapter_dir is not None:
         load_adapter_weights(model, adapter_dir)
     if not trainable:

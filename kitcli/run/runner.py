@@ -30,11 +30,12 @@ from kitcli import __version__, dist, libraries
 from kitcli.data.rows import fingerprint
 from kitcli.display.dashboard import emit_json, stage_display
 from kitcli.errors import KitError
+from kitcli.models.backend import check_model_reachable
 from kitcli.recipe import stage_types
 from kitcli.recipe.load import Recipe
 from kitcli.recipe.stage_context import StageContext
-from kitcli.run.check import pre_run_check
 from kitcli.records import first_difference
+from kitcli.run.check import pre_run_check
 from kitcli.rundir import WRITER_LOCK_NAME, RunDir, WriterLock, redact
 from kitcli.training import interrupt
 
@@ -260,6 +261,7 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
 def run_stages(recipe: Recipe, run_dir: Path, lock: dict[str, Any], *, force: bool, console: Console,
                writer: WriterLock | None) -> Path:
     main = writer is not None
+    check_model_reachable(recipe.data["model"]["name"])  # a hub model offline: one line before anything loads
     console.print(f"kit: checking {recipe.name}'s {len(recipe.stages)} stages against TRL's configs (loads torch, "
                   f"TRL and Unsloth first; their messages go to {RunDir(run_dir).library_log})",
                   highlight=False, markup=False)

@@ -48,6 +48,40 @@ def check_fields(config_cls, train: dict[str, Any], where: str, reserved: set[st
                            f"{did_you_mean(key, names)}")
 
 
+# The package each tracker of transformers' `report_to` needs (pip names).
+TRACKER_PACKAGES = {"tensorboard": "tensorboard", "trackio": "trackio", "wandb": "wandb", "mlflow": "mlflow",
+                    "comet_ml": "comet-ml", "neptune": "neptune", "clearml": "clearml", "dvclive": "dvclive",
+                    "swanlab": "swanlab", "codecarbon": "codecarbon", "azure_ml": "azureml-core",
+                    "dagshub": "dagshub mlflow", "kubeflow": "kubeflow", "flyte": "flytekit"}
+
+
+def check_trackers(report_to: Any, where: str) -> None:
+    """train.report_to names trackers whose packages are installed; refused before any model loads (transformers
+    would raise only when the trainer is built, after the model has loaded). transformers says what is installed."""
+    if report_to is None or report_to in ("none", "all", []):
+        return
+    names = [report_to] if isinstance(report_to, str) else report_to
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise KitError(f"{where}: train.report_to must be a tracker name or a list of them, got {report_to!r}")
+    from transformers.integrations.integration_utils import (
+        INTEGRATION_TO_CALLBACK,
+        get_available_reporting_integrations,
+    )
+
+    available = set(get_available_reporting_integrations()) | {"flyte"}  # flyte's callback checks for itself
+    for name in names:
+        if name == "none":
+            continue
+        if name not in INTEGRATION_TO_CALLBACK:
+            raise KitError(f"{where}: train.report_to '{name}' is not a tracker transformers knows"
+                           f"{did_you_mean(name, INTEGRATION_TO_CALLBACK)} (one of "
+                           f"{', '.join(INTEGRATION_TO_CALLBACK)}, or none)")
+        if name not in available:
+            package = TRACKER_PACKAGES.get(name, name)
+            raise KitError(f"{where}: train.report_to '{name}' needs the {package} package, which is not installed; "
+                           f"pip install {package} (into the environment kit runs in), or remove report_to")
+
+
 def reserved_reason(key: str) -> str:
     return {"output_dir": "checkpoints go to the stage folder", "seed": "set the recipe's top-level seed"}.get(
         key, "it is derived from the recipe")
@@ -75,6 +109,7 @@ def build_config(config_cls, *, stage_defaults: dict[str, Any], train: dict[str,
     trainer is built (kitcli/training/trainers.py)."""
     check_fields(config_cls, train, where, reserved={"output_dir", "seed"})
     values = {**COMMON_DEFAULTS, **device_defaults(on_gpu), **stage_defaults, **train}
+    check_trackers(values.get("report_to"), where)
     values = {k: v for k, v in values.items() if k in config_fields(config_cls)}
     if not on_gpu:
         values.update(use_cpu=True, bf16=False, fp16=False)
