@@ -263,15 +263,44 @@ def restore_counters(trainer, checkpoint: Path) -> None:
         trainer._total_train_tokens = saved["attributes"]["total_train_tokens"]
 
 
+def replay_sampler_passes(trainer) -> None:
+    """Give the sampler of TRL's RL trainers (GRPO, GSPO, RLOO: trl's RepeatSampler) the `set_epoch` through which
+    the Trainer positions a sampler at a pass over the data. RepeatSampler draws each pass's shuffle from one
+    torch.Generator seeded once, so pass n of an uninterrupted run gets the generator's n-th permutation; a resumed
+    run skips the finished passes without drawing them and would shuffle pass n like the first (other prompts,
+    other completions). set_epoch(n) re-seeds the generator and draws the n permutations before it: every pass
+    gets the prompts it gets in an uninterrupted run, which it leaves unchanged."""
+    from trl.trainer.utils import RepeatSampler
+
+    build = trainer._get_train_sampler
+
+    def sampler(*args, **kwargs):
+        made = build(*args, **kwargs)
+        if isinstance(made, RepeatSampler) and made.shuffle and made.seed is not None \
+                and not hasattr(made, "set_epoch"):
+            made.set_epoch = lambda epoch: replay(made, epoch)
+        return made
+
+    def replay(made, epoch: int) -> None:
+        import torch
+
+        made.generator.manual_seed(made.seed)
+        for _ in range(epoch):
+            torch.randperm(made.num_samples, generator=made.generator)
+
+    trainer._get_train_sampler = sampler
+
+
 def train(trainer, checkpoint: Path | None, where: str, stop_every: int = 1) -> None:
     """trainer.train(), from `checkpoint` when given: the kit restores the weights (every adapter, in place) and
-    TRL's running counts, the Trainer the optimizer, scheduler, RNG states and data position. A Ctrl-C or SIGTERM
-    saves a checkpoint (at a step that is a multiple of `stop_every`) and ends training; free disk is checked
-    before every checkpoint."""
+    TRL's running counts, the Trainer the optimizer, scheduler, RNG states and data position (with the shuffle of
+    the pass it resumes in: replay_sampler_passes). A Ctrl-C or SIGTERM saves a checkpoint (at a step that is a
+    multiple of `stop_every`) and ends training; free disk is checked before every checkpoint."""
     from kitcli.training.interrupt import make_stop_callback
 
     trainer.add_callback(make_stop_callback(Path(trainer.args.output_dir), stop_every))
     trainer.add_callback(make_counters_callback(trainer))
+    replay_sampler_passes(trainer)
     if checkpoint is None:
         trainer.train()
         return
