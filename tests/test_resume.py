@@ -1,8 +1,10 @@
 """Interrupted work resumes exactly: every trainer stage, killed (SIGKILL) right after a mid-stage checkpoint of a
 real `kit run` and run again, ends with the same adapter and the same logged metrics as an uninterrupted run of
-the same recipe (training on this CPU is deterministic, so the comparison is exact up to float noise). Also after
-SIGINT and SIGTERM (a clean stop that saves a checkpoint) and after two interruptions in a row; a checkpoint that
-cannot resume faithfully is refused.
+the same recipe (training on this CPU is deterministic, so the comparison is exact up to float noise). Every stage
+type that samples (GRPO, GSPO, RLOO with steps_per_generation > 1, PPO; all with a KL term) runs several short passes
+over a few prompts and is killed within its first pass, right after a pass boundary, in its third pass and while a
+checkpoint is half written. Also after SIGINT and SIGTERM (a clean stop that saves a checkpoint) and after two
+interruptions in a row; a checkpoint that cannot resume faithfully is refused.
 
 Each uninterrupted run happens once per stage type (in-process, through the CLI); the interrupted runs are
 subprocesses, and their resumes run in-process."""
@@ -40,21 +42,39 @@ STAGES = {
                "train": {"per_device_train_batch_size": 8, "learning_rate": 1e-3, "eval_steps": 4}},
     "dpo": {"type": "dpo", "data": PREFS, "eval_fraction": 0, "train": {"per_device_train_batch_size": 8,
                                                                          "learning_rate": 1e-3}},
-    "grpo": {"type": "grpo", "variant": "grpo", "data": PROMPTS, "rewards": ["exact_match", "varied.py:varied"],
-             "train": {"per_device_train_batch_size": 16, "num_generations": 4, "max_completion_length": 4,
-                       "temperature": 1.0, "learning_rate": 1e-3}},
-    "gspo": {"type": "gspo", "data": PROMPTS, "rewards": ["exact_match", "varied.py:varied"],
-             "train": {"per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 4,
-                       "temperature": 1.0, "learning_rate": 1e-3, "save_steps": 4}},
+    # The stage types that sample: a few prompts, so that a pass over them is short (GRPO / RLOO: 2 prompts of 4
+    # completions per generation batch, 2 optimizer steps each, 4 steps a pass; GSPO: its 4 steps per generation
+    # batch, 8 a pass; PPO: 4 prompts a step, 2 steps a pass), three passes, a KL term in every one.
+    "grpo": {"type": "grpo", "variant": "grpo", "data": {"path": PROMPTS, "limit": 4},
+             "rewards": ["exact_match", "varied.py:varied"],
+             "train": {"per_device_train_batch_size": 4, "num_generations": 4, "steps_per_generation": 2,
+                       "max_completion_length": 4, "temperature": 1.0, "learning_rate": 1e-3, "beta": 0.04,
+                       "max_steps": 12}},
+    "gspo": {"type": "gspo", "data": {"path": PROMPTS, "limit": 4}, "rewards": ["exact_match", "varied.py:varied"],
+             "train": {"per_device_train_batch_size": 2, "num_generations": 4, "max_completion_length": 4,
+                       "temperature": 1.0, "learning_rate": 1e-3, "beta": 0.04, "save_steps": 4, "max_steps": 24}},
     "kto": {"type": "kto", "data": PREFS, "eval_fraction": 0, "train": {"per_device_train_batch_size": 8,
                                                                          "learning_rate": 1e-3}},
-    "rloo": {"type": "rloo", "data": PROMPTS, "rewards": ["exact_match", "varied.py:varied"],
-             "train": {"per_device_train_batch_size": 16, "num_generations": 4, "max_completion_length": 4,
-                       "temperature": 1.0, "learning_rate": 1e-3}},
-    "ppo": {"type": "ppo", "data": PROMPTS, "rewards": ["exact_match", "varied.py:varied"],
-            "train": {"per_device_train_batch_size": 8, "num_mini_batches": 2, "num_ppo_epochs": 2,
-                      "response_length": 4, "learning_rate": 1e-3}},
+    "rloo": {"type": "rloo", "data": {"path": PROMPTS, "limit": 4}, "rewards": ["exact_match", "varied.py:varied"],
+             "train": {"per_device_train_batch_size": 4, "num_generations": 4, "steps_per_generation": 2,
+                       "max_completion_length": 4, "temperature": 1.0, "learning_rate": 1e-3, "beta": 0.05,
+                       "max_steps": 12}},
+    "ppo": {"type": "ppo", "data": {"path": PROMPTS, "limit": 8}, "rewards": ["exact_match", "varied.py:varied"],
+            "eval_data": {"path": str(DATA / "arithmetic_eval.jsonl"), "limit": 4},
+            "train": {"per_device_train_batch_size": 4, "num_mini_batches": 2, "num_ppo_epochs": 2,
+                      "response_length": 4, "learning_rate": 1e-3, "kl_coef": 0.05, "max_steps": 6,
+                      "save_steps": 1}},
 }
+SAMPLING = ("grpo", "gspo", "rloo", "ppo")
+# Where each sampling stage type is killed: right after its checkpoint at that step, or, for "checkpoint_write",
+# while that step's checkpoint is half written (it then resumes from the checkpoint before).
+KILLS = {
+    "grpo": {"first_pass": 2, "pass_boundary": 4, "third_pass": 10, "checkpoint_write": 8},
+    "gspo": {"first_pass": 4, "pass_boundary": 8, "third_pass": 20, "checkpoint_write": 16},
+    "rloo": {"first_pass": 2, "pass_boundary": 4, "third_pass": 10, "checkpoint_write": 8},
+    "ppo": {"first_pass": 1, "pass_boundary": 2, "third_pass": 5, "checkpoint_write": 4},
+}
+CASES = [(t, "after_checkpoint") for t in STAGES if t not in SAMPLING] + [(t, k) for t in SAMPLING for k in KILLS[t]]
 VARIED = """
 def varied(prompts, completions, **kwargs):  # a dense reward, so every group has a spread
     texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
@@ -63,6 +83,28 @@ def varied(prompts, completions, **kwargs):  # a dense reward, so every group ha
 # Logged values that depend on the wall clock or on what one process did, not on the training.
 NOT_COMPARED = ("time", "runtime", "per_second", "seconds", "step_time", "train_loss", "epoch")
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+# Run as `python DIE_IN_CHECKPOINT run ...`: `kit run`, whose process group kills itself (SIGKILL) right after the
+# first torch.save into the checkpoint folder KIT_TEST_DIE_IN names (the weights and optimizer written, the rest not).
+DIE_IN_CHECKPOINT = """
+import os, runpy, signal
+from pathlib import Path
+
+import torch
+
+target, save = os.environ["KIT_TEST_DIE_IN"], torch.save
+
+
+def save_then_die(obj, f, *args, **kwargs):
+    save(obj, f, *args, **kwargs)
+    if isinstance(f, (str, os.PathLike)) and Path(f).parent.name.split(".")[0] == target:
+        os.killpg(0, signal.SIGKILL)
+
+
+torch.save = save_then_die
+runpy.run_module("kitcli", run_name="__main__", alter_sys=True)
+"""
 
 
 def stage(stage_type: str) -> dict:
@@ -118,6 +160,29 @@ def kill_after_checkpoint(recipe: Path, run_dir: Path, step: int) -> None:
     assert not (run_dir / "x" / "DONE").exists(), "the stage finished before the kill"
 
 
+def die_in_checkpoint_write(recipe: Path, run_dir: Path, step: int) -> None:
+    script = run_dir.parent / "die_in_checkpoint.py"
+    script.write_text(DIE_IN_CHECKPOINT)
+    log = run_dir.parent / "killed.log"
+    with open(log, "a") as out:
+        process = subprocess.Popen([sys.executable, str(script), "run", str(recipe), "--output", str(run_dir)],
+                                   stdout=out, stderr=subprocess.STDOUT, env={**ENV, "KIT_TEST_DIE_IN":
+                                   f"checkpoint-{step}"}, start_new_session=True)
+        assert process.wait(timeout=600) == -signal.SIGKILL, log.read_text()[-3000:]
+    half = [p for p in (run_dir / "x" / "checkpoints").iterdir() if p.name.split(".")[0] == f"checkpoint-{step}"]
+    assert half and not (half[0] / "trainer_state.json").exists(), "it did not die inside the checkpoint write"
+    assert not (run_dir / "x" / "DONE").exists()
+
+
+def movement_share(resumed: Path, whole: Path, start: Path) -> float:
+    """The resumed adapter's distance from the uninterrupted one, as a share of how far the uninterrupted stage
+    moved its adapter from where it started (both Frobenius norms over every tensor)."""
+    a, b, s = (load_file(str(d / "adapter" / "adapter_model.safetensors")) for d in (resumed, whole, start))
+    apart = sum(float(((a[k].double() - b[k].double()) ** 2).sum()) for k in b) ** 0.5
+    moved = sum(float(((b[k].double() - s[k].double()) ** 2).sum()) for k in b) ** 0.5
+    return apart / moved
+
+
 def weight_files(stage_dir: Path) -> dict[str, dict[str, torch.Tensor]]:
     files = {"adapter": stage_dir / "adapter" / "adapter_model.safetensors"}
     if (stage_dir / "critic").is_dir():  # PPO's critic: its adapter and value head
@@ -133,7 +198,10 @@ def assert_same_weights(resumed: Path, whole: Path) -> None:
         assert a[name].keys() == b[name].keys()
         for key in a[name]:
             difference = (a[name][key].float() - b[name][key].float()).abs().max().item()
-            assert difference <= 1e-6, f"{name} {key} differs by {difference} from the uninterrupted run"
+            if difference > 1e-6:
+                share = movement_share(resumed, whole, whole.parent / "sft")
+                raise AssertionError(f"{name} {key} differs by {difference} from the uninterrupted run; the policy "
+                                     f"adapter is {share:.1%} of the stage's movement away from it")
 
 
 def training_rows(stage_dir: Path) -> dict[int, dict]:
@@ -167,21 +235,29 @@ def resumed_step(run_dir: Path) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage_type", list(STAGES))
-def test_sigkill_after_a_checkpoint_resumes_exactly(stage_type, uninterrupted, tmp_path):
+@pytest.mark.parametrize("stage_type, kill", CASES, ids=[f"{t}-{k}" for t, k in CASES])
+def test_sigkill_resumes_exactly(stage_type, kill, uninterrupted, tmp_path):
     whole = uninterrupted(stage_type)
     recipe = make_recipe(tmp_path, stage_type)
     run_dir = tmp_path / "run"
-    first = 4 if stage_type == "gspo" else 2  # GSPO saves at whole generation batches (4 optimizer steps)
-    kill_after_checkpoint(recipe, run_dir, first)
+    steps = stage(stage_type)["train"]["max_steps"]
+    if kill == "after_checkpoint":
+        first = 2
+        kill_after_checkpoint(recipe, run_dir, first)
+    elif kill == "checkpoint_write":
+        first = KILLS[stage_type][kill] - stage(stage_type)["train"]["save_steps"]
+        die_in_checkpoint_write(recipe, run_dir, KILLS[stage_type][kill])
+    else:
+        first = KILLS[stage_type][kill]
+        kill_after_checkpoint(recipe, run_dir, first)
     init_before = snapshot(run_dir / "sft")
 
     result = run_cli("run", recipe, "--output", run_dir)
     assert "stage 1/2 sft (sft): finished earlier, skipping" in result.output
     step = resumed_step(run_dir)
-    assert first <= step < STEPS
+    assert (first <= step < steps) if kill == "after_checkpoint" else step == first
     assert f"resuming x from checkpoint-{step} (step {step})" in result.output
-    assert done(run_dir / "x")["steps"] == STEPS
+    assert done(run_dir / "x")["steps"] == steps
     assert snapshot(run_dir / "sft") == init_before  # the finished stage is not touched
     logged = [row["step"] for row in metrics(run_dir / "x") if "train_runtime" not in row and row.get("step")]
     assert logged == sorted(logged)  # nothing logged twice after the resume
@@ -231,9 +307,9 @@ def test_two_interruptions_in_a_row(uninterrupted, tmp_path):
     recipe = make_recipe(tmp_path, "ppo")
     run_dir = tmp_path / "run"
     kill_after_checkpoint(recipe, run_dir, 2)
-    kill_after_checkpoint(recipe, run_dir, 6)  # the second run resumes from checkpoint-2 or -4, then dies again
+    kill_after_checkpoint(recipe, run_dir, 5)  # the second run resumes from checkpoint-2 (or -3), then dies again
     run_cli("run", recipe, "--output", run_dir)
-    assert resumed_step(run_dir) >= 6
+    assert resumed_step(run_dir) >= 5
     assert_same_weights(run_dir / "x", whole / "x")
     assert_same_metrics(run_dir / "x", whole / "x")
 
