@@ -14,7 +14,10 @@ os.environ.setdefault("KIT_HOME", str(ROOT / ".pytest_kit_home"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-os.environ.setdefault("UNSLOTH_COMPILE_LOCATION", str(Path(os.environ["KIT_HOME"]) / "unsloth_compiled_cache"))
+# Unsloth compiles its generated trainers into this folder: one per xdist worker, so two workers forcing Unsloth's
+# trainers at once never write the same files.
+os.environ.setdefault("UNSLOTH_COMPILE_LOCATION", str(Path(os.environ["KIT_HOME"]) / "unsloth_compiled_cache"
+                                                      / os.environ.get("PYTEST_XDIST_WORKER", "main")))
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs two pytest-xdist workers on a 2-core machine: one torch thread each (and in the `kit run`
     # subprocesses they start), or OpenMP threads of the two workers fight for the cores and both run far slower.
@@ -41,9 +44,10 @@ TRAINING_FIXTURES = {"trained", "run", "ppo_run", "trained_run", "uninterrupted"
 def xdist_group(item) -> str:
     """The unit of work a pytest-xdist worker takes whole (`make test` runs `--dist loadgroup`): a test file, so its
     module fixtures are built once; a file's tests per stage type where they are parametrized by it (the resume
-    tests, the longest file); and every test on Unsloth's forced trainers together, in one worker, after the rest."""
+    tests, the longest file); and a file's tests on Unsloth's forced trainers, after every other group (groups go
+    out in collection order, so a worker never runs a TRL test after an Unsloth one), shared by both workers."""
     if uses_unsloth_trainers(item):
-        return "unsloth-trainers"
+        return f"unsloth-{item.path.name}"
     callspec = getattr(item, "callspec", None)
     stage_type = callspec.params.get("stage_type") if callspec is not None else None
     return item.path.name + (f"-{stage_type}" if stage_type else "")

@@ -38,6 +38,7 @@ class Mutant:
     old: str
     new: str
     tests: tuple[str, ...]
+    select: str = ""  # pytest -k: one case of a parametrized test
 
 
 MUTANTS = [
@@ -82,7 +83,7 @@ MUTANTS = [
            "kitcli/run/runner.py",
            "if done is not None and not force:",
            "if False:",
-           ("tests/test_grpo_stage.py::test_bad_reward_stops_the_stage_naming_reward_and_sample[nan]",)),
+           ("tests/test_grpo_stage.py::test_bad_reward_stops_the_stage_naming_reward_and_sample",), select="nan"),
     Mutant("trainer-rewrites-after-build", "the built trainer's config changes after the kit checked it",
            "kitcli/training/trainers.py",
            "    described = ensure_reference(trainer, start, where) if reference else None\n",
@@ -140,13 +141,14 @@ def target(mutant: Mutant, tree: Path) -> Path:
     return tree / "_site" / relative
 
 
-def run_tests(tree: Path, tests: tuple[str, ...]) -> tuple[int, str]:
+def run_tests(tree: Path, mutant: Mutant) -> tuple[int, str]:
     env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{tree / '_site'}",
            "KIT_HOME": str(ROOT / ".pytest_kit_home"),  # the tiny model and GGUF caches, built once
            "UNSLOTH_COMPILE_LOCATION": str(tree / "unsloth_compiled_cache")}  # compiled from the (mutated) source
     env.pop("PYTEST_XDIST_WORKER", None)
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests], cwd=tree,
-                          env=env, capture_output=True, text=True)
+    select = ["-k", mutant.select] if mutant.select else []
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *select,
+                           *mutant.tests], cwd=tree, env=env, capture_output=True, text=True)
     return done.returncode, done.stdout + done.stderr
 
 
@@ -183,10 +185,10 @@ def main() -> int:
                 print(f"{mutant.name:32} the snippet to break is not in {mutant.path} exactly once: update the mutant")
                 survivors.append(mutant.name)
                 continue
-            before = "-" if args.no_baseline else verdict(run_tests(tree, mutant.tests)[0])
+            before = "-" if args.no_baseline else verdict(run_tests(tree, mutant)[0])
             path.write_text(source.replace(mutant.old, mutant.new))
             try:
-                code, output = run_tests(tree, mutant.tests)
+                code, output = run_tests(tree, mutant)
             finally:
                 path.write_text(source)
             after = verdict(code)
