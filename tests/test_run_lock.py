@@ -195,3 +195,17 @@ def test_a_read_only_run_directory_is_refused_in_one_line(tmp_path):
                                            f"or choose another --output (kit report, eval, chat and export read it "
                                            f"as it is)"], output
     assert list(run_dir.iterdir()) == []
+
+
+def test_a_launch_is_refused_before_its_processes_start(tmp_path):
+    """Under --launcher the main process locks; the parent refuses a held directory before starting any."""
+    recipe = write_recipe(tmp_path / "r.yaml", [SFT])
+    holder = hold(tmp_path / "run")
+    try:
+        line = fails("run", recipe, "--output", tmp_path / "run", "--launcher", "accelerate", "--num-processes", "2",
+                     "--cpu")
+        assert f"is in use by another kit run (pid {holder.pid} on " in line
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    assert [p.name for p in (tmp_path / "run").iterdir()] == [".writer.lock"]
