@@ -167,7 +167,8 @@ def cut_finding(stage: str, what: str, lengths: list[int], limit: int | None, se
         return Finding(stage, what, "info", "", "no rows")
     figures = f"{spread(lengths)} tokens" + (f" vs {setting} {limit}" if limit else "")
     if not limit:
-        return Finding(stage, what, "info", figures, f"no limit set ({setting})")
+        return Finding(stage, what, "info", figures, f"no {setting} set" if setting else "cut only as part of the "
+                                                                                           "whole row")
     over = sum(n > limit for n in lengths)
     if not over:
         return Finding(stage, what, "ok", figures, f"all {len(lengths)} fit")
@@ -207,9 +208,9 @@ def length_findings(ctx: StageContext, rows: list[dict[str, Any]], values: dict[
                 wholes.append(whole)
                 replies.append(whole - render.count(render.prompt(r["prompt"])))
         if prompts:
-            found.append(cut_finding(stage, "prompts", prompts, None, "max_length"))
+            found.append(cut_finding(stage, "prompts", prompts, None, ""))
         if replies:
-            found.append(cut_finding(stage, "completions", replies, None, "max_length"))
+            found.append(cut_finding(stage, "completions", replies, None, ""))
         found.append(cut_finding(stage, "whole rows", wholes, limit, "train.max_length"))
         return found
     if kind in PAIR_TYPES:
