@@ -63,10 +63,11 @@ def sample(model, tokenizer, prompts: list[Any], *, n: int, max_new_tokens: int,
            batch_size: int = 8, seed: int = 0) -> list[list[tuple[str, list[int], bool]]]:
     """`n` sampled completions of each prompt, as an RL trainer draws them: for each prompt a list of (text without
     special tokens, completion token ids up to and including the stop token, truncated: no stop token within
-    max_new_tokens). `sampling` holds generate()'s sampling keywords (temperature, top_p, top_k, min_p,
-    repetition_penalty). Each batch of prompts is seeded from `seed` and its first prompt's index, so a batch gives
-    the same samples whether or not the batches before it ran in this process."""
+    max_new_tokens). `sampling` holds the sampling settings (temperature, top_p, top_k, min_p, repetition_penalty)
+    of a fresh GenerationConfig, as TRL's trainer builds one. Each batch of prompts is seeded from `seed` and its
+    first prompt's index, so a batch gives the same samples whether or not the batches before it ran here."""
     import torch
+    from transformers import GenerationConfig
 
     stops = stop_token_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(stops), 0)
@@ -74,6 +75,9 @@ def sample(model, tokenizer, prompts: list[Any], *, n: int, max_new_tokens: int,
     model.eval()
     padding_side = tokenizer.padding_side
     tokenizer.padding_side = "left"
+    # a fresh config, as TRL's GRPOTrainer builds one: the model's own generation defaults do not leak in
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=True, pad_token_id=pad,
+                              eos_token_id=sorted(stops), num_return_sequences=n, **sampling)
     groups: list[list[tuple[str, list[int], bool]]] = []
     try:
         for start in range(0, len(prompts), batch_size):
@@ -81,8 +85,7 @@ def sample(model, tokenizer, prompts: list[Any], *, n: int, max_new_tokens: int,
             texts = [prompt_text(tokenizer, p) for p in prompts[start:start + batch_size]]
             batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
             with torch.no_grad():
-                output = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=True, pad_token_id=pad,
-                                        num_return_sequences=n, **sampling)
+                output = model.generate(**batch, generation_config=config)
             for row in range(len(texts)):
                 group = []
                 for new in output[row * n:(row + 1) * n, batch["input_ids"].shape[1]:].tolist():

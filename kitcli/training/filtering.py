@@ -42,9 +42,7 @@ def filter_dir(stage_dir: Path) -> Path:
 def sampling_settings(values: Any) -> tuple[dict[str, Any], int]:
     """generate()'s sampling keywords and max_new_tokens from a resolved config (a TRL config or a dict)."""
     get = values.get if isinstance(values, dict) else (lambda key, default=None: getattr(values, key, default))
-    sampling = {key: get(key) for key in SAMPLING_KEYS if get(key) is not None}
-    if sampling.get("top_k") == 0:
-        sampling.pop("top_k")  # TRL's 0 means no top-k; transformers' generate wants it unset
+    sampling = {key: get(key) for key in SAMPLING_KEYS}  # as TRL passes them: top_k 0 is no top-k, min_p None none
     return sampling, int(get("max_completion_length") or 256)
 
 
