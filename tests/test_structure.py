@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("kitcli", "rewards")
+PACKAGES = ("kitcli", "rewards", "tools")
 MAX_LINES = 450
 REWARDS_MAY_USE = {"kitcli.errors", "kitcli.rundir"}
+TOOLS_MAY_USE = {"kitcli.errors"}
+LIBRARIES = ("rewards", "tools")  # standalone libraries beside kitcli/
 GROUND = "the ground"
 TOP = "entry points"
 # `python -m` entry points beside the ground: each hands over to a folder (kitcli/__init__.py names them)
@@ -66,8 +68,8 @@ def import_graph() -> dict[str, set[str]]:
 def layer_of(module: str) -> str:
     """The folder a module lives in (`rewards`, `run`, ...), the ground, or the entry points."""
     parts = module.split(".")
-    if parts[0] == "rewards":
-        return "rewards"
+    if parts[0] in LIBRARIES:
+        return parts[0]
     if module in ENTRY_POINTS:
         return TOP
     if len(parts) > 2 or len(parts) == 2 and (ROOT / "kitcli" / parts[1]).is_dir():
@@ -78,7 +80,7 @@ def layer_of(module: str) -> str:
 def may_import() -> dict[str, set[str]]:
     """Each layer folder -> the folders its `__init__.py` says it may import (the ground always may)."""
     rules = {}
-    for init in sorted([*(ROOT / "kitcli").glob("*/__init__.py"), ROOT / "rewards" / "__init__.py"]):
+    for init in sorted([*(ROOT / "kitcli").glob("*/__init__.py"), *(ROOT / lib / "__init__.py" for lib in LIBRARIES)]):
         said = re.search(r"^.*May import: (.*)$", ast.get_docstring(ast.parse(init.read_text())) or "", re.M)
         assert said, f"{init.relative_to(ROOT)}: say in its docstring what it may import ('May import: a/, b/.')"
         rules[init.parent.name] = set(re.findall(r"\b([a-z_]+)/(?![\w.])", said.group(1)))
@@ -86,7 +88,7 @@ def may_import() -> dict[str, set[str]]:
 
 
 def rule_home(layer: str) -> str:
-    homes = {GROUND: "the ground, kitcli/*.py,", "rewards": "rewards/__init__.py"}
+    homes = {GROUND: "the ground, kitcli/*.py,", **{lib: f"{lib}/__init__.py" for lib in LIBRARIES}}
     return homes.get(layer, f"kitcli/{layer}/__init__.py")
 
 
@@ -120,14 +122,15 @@ def test_every_module_is_under_450_lines():
     assert not long, f"split these: {long}"
 
 
-def test_rewards_uses_only_the_bottom_layer_of_the_kit():
+@pytest.mark.parametrize("library, may_use", [("rewards", REWARDS_MAY_USE), ("tools", TOOLS_MAY_USE)])
+def test_libraries_use_only_the_bottom_layer_of_the_kit(library, may_use):
     known = set(modules())
     for name, path in modules().items():
-        if name.startswith("rewards"):
+        if name.split(".")[0] == library:
             used = {n.module for n in ast.walk(ast.parse(path.read_text()))  # lazy imports too
                     if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("kitcli")}
             used |= {m for m in project_imports(path, name, known) if m.startswith("kitcli")}
-            assert used <= REWARDS_MAY_USE, (name, used - REWARDS_MAY_USE)
+            assert used <= may_use, (name, used - may_use)
 
 
 def test_no_circle_among_top_level_imports():
@@ -152,11 +155,12 @@ def test_no_circle_among_top_level_imports():
 
 def test_every_layer_folder_says_what_it_may_import_and_commands_is_the_top():
     rules = may_import()
-    assert set(rules) == {p.parent.name for p in (ROOT / "kitcli").glob("*/__init__.py")} | {"rewards"}
+    assert set(rules) == {p.parent.name for p in (ROOT / "kitcli").glob("*/__init__.py")} | set(LIBRARIES)
     floor = floors(rules)
     assert not [layer for layer, below in rules.items() if "commands" in below], "nothing may import commands/"
     assert max(floor[layer] for layer in rules) == floor["commands"]
     assert rules["rewards"] == set(), "rewards/ stands alone: of the kit, only the ground"
+    assert rules["tools"] == {"rewards"}, "tools/ stands beside rewards/: its sandbox and the ground only"
 
 
 def test_no_arrow_runs_up_between_layers():

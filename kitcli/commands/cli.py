@@ -16,6 +16,7 @@ from kitcli.commands.eval import eval_command, report_command
 from kitcli.commands.export import export_command
 from kitcli.commands.plan import plan_command
 from kitcli.commands.rewards import rewards
+from kitcli.commands.tools import tools_group
 from kitcli.errors import KitError, KitGroup
 from kitcli.run.launch import launcher_options
 
@@ -192,6 +193,7 @@ def recipes_schema() -> None:
 
 
 main.add_command(rewards)
+main.add_command(tools_group)
 main.add_command(data_group)
 main.add_command(check_command)
 main.add_command(eval_command)

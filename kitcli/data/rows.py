@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kitcli.data.tool_rows import check_tool_names, is_tool_call_turn, tool_features
 from kitcli.errors import KitError
 from kitcli.records import read_jsonl
 
@@ -114,9 +115,11 @@ def check_conversations(rows: list[dict[str, Any]], where: str, path: str) -> No
                 role = message.get("role")
                 if role not in ROLES:
                     raise KitError(f"{at} has role {role!r}; a message's role is one of {', '.join(ROLES)}")
-                if not isinstance(message.get("content"), str):
+                if not isinstance(message.get("content"), str) and not is_tool_call_turn(message, at):
                     what = "no content" if "content" not in message else f"content {message['content']!r:.60}"
                     raise KitError(f"{at} has {what}; each message needs a string content")
+                is_tool_call_turn(message, at)  # a turn with content and tool calls: the calls' shape
+    check_tool_names(rows, where, path)  # TRL's tool-calling format (kitcli/data/tool_rows.py)
 
 
 def read_file(path: Path) -> list[dict[str, Any]]:
@@ -179,7 +182,7 @@ def require_columns(rows: list[dict[str, Any]], needed: list[list[str]], where: 
 def to_dataset(rows: list[dict[str, Any]]):
     import datasets
 
-    return datasets.Dataset.from_list(rows)
+    return datasets.Dataset.from_list(rows, features=tool_features(rows))
 
 
 # --- prompts ----------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ which is why the result is shipped instead of built at first use.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -35,12 +36,56 @@ PRETRAIN_FACTS_PER_DOC = 4
 PRETRAIN_LR = 3e-3
 BUILD_VERSION = 2  # bump when the recipe for building the tiny model changes
 
+# ChatML. A conversation without tools renders exactly as the template before tools did (tests/test_tools.py
+# compares): only a `tools=` list (a system turn listing each function's JSON schema, after the conversation's own
+# system message) and assistant turns with `tool_calls` (Qwen's `<tool_call>` JSON blocks) add anything. Tool
+# results are `tool` turns like any other role. Every turn renders on its own, so the template keeps prefixes (TRL's
+# multi-turn GRPO needs that).
 CHAT_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\n' }}"
+    "{% if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
+    "{{ 'Tools: call one as <tool_call>\n{\"name\": NAME, \"arguments\": {...}}\n</tool_call>\n' }}"
+    "{% for tool in tools %}{{ (tool['function'] if tool['function'] is defined else tool) | tojson + '\n' }}"
+    "{% endfor %}{{ '<|im_end|>\n' }}{% endif %}"
+    "{% for message in messages %}"
+    "{% if tools and loop.first and message['role'] == 'system' %}"
+    "{% elif message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{{ '<|im_start|>assistant\n' + (message['content'] or '') }}"
+    "{% for call in message['tool_calls'] %}"
+    "{% set function = call['function'] if call['function'] is defined else call %}"
+    "{{ ('\n' if message['content'] or not loop.first else '') + '<tool_call>\n{\"name\": \"' + function['name']"
+    " + '\", \"arguments\": ' + (function['arguments'] if function['arguments'] is string"
+    " else function['arguments'] | tojson) + '}\n</tool_call>' }}"
+    "{% endfor %}{{ '<|im_end|>\n' }}"
+    "{% else %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# The template before tools: tests check that plain conversations still render byte for byte as with it.
+PLAIN_CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+# How a reply is parsed back into content and tool calls (transformers' `parse_response`): TRL's own response
+# template for Qwen3 (trl/chat_template_utils.py `qwen3_template`), whose markers the tiny template shares. TRL knows
+# a template by its exact text, which the tiny one is not, or by the tokenizer's `response_template`: the kit sets
+# this one on the tiny tokenizer in a stage with tools (kitcli/training/tool_use.py), and only there, because TRL
+# parses every chat completion with a tokenizer's response template once it has one (stripping whitespace and
+# <think> blocks), and the rewards of a stage without tools see the decoded text as before.
+RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "reasoning_content": {"open": "<think>", "close_pattern": r"</think>\s*", "content": "text"},
+        "tool_calls": {"open": "<tool_call>", "close_pattern": r"</tool_call>\s*", "repeats": True, "content": "json",
+                       "transform": {"type": "function", "function": "{content}"}},
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
@@ -48,12 +93,16 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets" / "tiny"
 SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                  "tokenizer_config.json", "chat_template.jinja")
 # sha256 of the shipped model.safetensors: what every machine trains from (tests/test_backend.py checks it)
+TOKENIZER_FILES = ("tokenizer_config.json", "chat_template.jinja")
 TINY_SHA256 = "2acf97ce1131a1b137520b62d3aee2b07cfaa95153728bbcda3e028c53b738ab"
 
 
 def tiny_model_dir(seed: int = 0) -> Path:
-    """Where the shipped tiny model is copied (`seed` is kept for callers; the shipped model is seed 0's)."""
-    return kit_home() / "models" / f"tiny-{TINY_SHA256[:12]}"
+    """Where the shipped tiny model is copied (`seed` is kept for callers; the shipped model is seed 0's): named by
+    its weights and its tokenizer files, so a copy made before the chat template changed is not reused."""
+    digest = hashlib.sha256("".join(file_sha256(ASSETS / name) for name in TOKENIZER_FILES
+                                    if (ASSETS / name).is_file()).encode()).hexdigest()
+    return kit_home() / "models" / f"tiny-{TINY_SHA256[:12]}-{digest[:8]}"
 
 
 def ensure_tiny_model(seed: int = 0) -> Path:
@@ -144,7 +193,8 @@ def tokenizer_corpus() -> list[str]:
     from kitcli.data import synthetic
 
     rng = random.Random(0)
-    lines = [CHAT_TEMPLATE, "<think> </think> <answer> </answer> Answer: The answer is"]
+    # the template before tools: the shipped vocabulary was trained on it, and a rebuild must give the same one
+    lines = [PLAIN_CHAT_TEMPLATE, "<think> </think> <answer> </answer> Answer: The answer is"]
     pairs = [(a, b) for a in range(10) for b in range(10)]
     lines += [p["question"] for p in synthetic.word_problems(pairs, 500, seed=0)]
     lines += [pretraining_text(rng) for _ in range(200)]

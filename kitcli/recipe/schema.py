@@ -240,7 +240,9 @@ class StageSection(Section):
             takers = [t for t, s in stage_types.specs().items() if "filter" in s.section.model_fields]
             raise fail(f"filter: keeps prompts by the starting policy's pass rate, so it belongs to a stage that "
                        f"samples completions ({', '.join(takers)}), not to a {raw.get('type')} stage; remove it")
-        return raw
+        from kitcli.recipe.tool_spec import tools_here  # tools: / environment: likewise
+
+        return tools_here(cls, raw)
 
 
 class TrainingSection(StageSection):

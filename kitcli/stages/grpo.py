@@ -60,8 +60,9 @@ from kitcli.models.backend import cuda_available, load_stage_policy, save_model
 from kitcli.recipe.schema import RESERVED_TRAIN, StageSpec
 from kitcli.recipe.stage_context import StageContext
 from kitcli.training.checkpoints import record_effective_settings, resume_checkpoint, train
-from kitcli.training.filtering import FilteredSection, filter_prompts, filter_summary
+from kitcli.training.filtering import filter_prompts, filter_summary
 from kitcli.training.progress import attach_progress, make_reward_metrics_callback, quarter_mean, read_metrics
+from kitcli.training.tool_use import ToolsSection, describe_tools, tool_defaults, tool_kwargs
 from kitcli.training.trainers import trainer_summary
 from kitcli.training.trl_config import COMMON_DEFAULTS, build_config, config_dict, config_summary
 from rewards.registry import check_data
@@ -95,7 +96,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 DEFAULT_VARIANT = "grpo"
 
 
-class GRPOSection(FilteredSection):
+class GRPOSection(ToolsSection):
     """GRPO: TRL's GRPOTrainer with a `variant:` preset of the objective."""
 
     type: Literal["grpo"]
@@ -282,6 +283,7 @@ def resolved_defaults(ctx: StageContext, preset: dict[str, Any], rewards, kind: 
                            f"generates with transformers)")
     defaults = stage_defaults(ctx, preset, kind=kind)
     defaults["reward_weights"] = reward_weights(ctx, rewards)
+    defaults.update(tool_defaults(ctx))  # tools: max_tool_calling_iterations
     values = {**COMMON_DEFAULTS, **defaults, **train}
     check_loss_settings(values, ctx.where)
     check_group_sizes(values, ctx.where)
@@ -330,7 +332,7 @@ def describe_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, A
         source = f"of stage '{stage}'" if stage else ctx.stage["reward_model"]["path"]
         listed.append(f"reward model {source} (weight {reward_model_weight(ctx):g})")
     return {"init": ctx.stage.get("init") or "base model", **extra, "data": spec["path"], "rows": rows,
-            "rewards": listed, **config_summary(config, defaults, ctx.stage.get("train", {}))}
+            "rewards": listed, **describe_tools(ctx), **config_summary(config, defaults, ctx.stage.get("train", {}))}
 
 
 def describe(ctx: StageContext) -> dict[str, Any]:
@@ -374,7 +376,8 @@ def build_trainer(ctx: StageContext, preset: dict[str, Any], config=None, kind: 
         processing.append(tokenizer)
     trainer, _ = build(kind, loaded, args=config, reference=config.beta != 0.0, reward_funcs=reward_funcs,
                        train_dataset=to_dataset(rows), processing_class=loaded.tokenizer,
-                       reward_processing_classes=processing, log=ctx.log, label=ctx.name, where=ctx.where)
+                       reward_processing_classes=processing, log=ctx.log, label=ctx.name, where=ctx.where,
+                       **tool_kwargs(ctx, loaded.tokenizer))
     trainer.add_callback(make_reward_metrics_callback(stats))
     return trainer, loaded, config
 

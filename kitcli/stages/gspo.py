@@ -40,13 +40,13 @@ from pydantic import Field
 
 from kitcli import dist
 from kitcli.errors import KitError
-from kitcli.recipe.filter_spec import FilteredSection
 from kitcli.recipe.schema import RESERVED_TRAIN, StageSpec
 from kitcli.recipe.stage_context import StageContext
 from kitcli.stages import grpo
+from kitcli.training.tool_use import ToolsSection
 
 
-class GSPOSection(FilteredSection):
+class GSPOSection(ToolsSection):
     """GSPO: GRPO with the importance ratio and clipping at the sequence level (the paper's configuration)."""
 
     type: Literal["gspo"]

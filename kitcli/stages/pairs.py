@@ -92,7 +92,7 @@ def preference_rows(ctx: StageContext, key: str = "data") -> list[dict[str, Any]
             raise KitError(f"{ctx.where}: row {number} of '{spec['path']}' has no '{missing[0]}' (the first row has "
                            f"{', '.join(columns)})")
         check_pair(row, number, ctx.where, spec["path"])
-    return [{c: row[c] for c in columns} for row in rows]
+    return [{c: row[c] for c in [*columns, "tools"] if c in row} for row in rows]  # tools: the schemas TRL renders
 
 
 def eval_fraction(ctx: StageContext) -> float:

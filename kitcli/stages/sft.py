@@ -55,7 +55,8 @@ def load_rows(ctx: StageContext) -> list[dict[str, Any]]:
     spec = ctx.stage["data"]
     rows = read_rows(spec, ctx.where)
     columns = require_columns(rows, COLUMN_OPTIONS, ctx.where, spec["path"])
-    return apply_system_prompt([{c: row[c] for c in columns} for row in rows], ctx.stage.get("system_prompt"),
+    kept = [*columns, "tools"]  # tools: the function schemas of TRL's tool-calling format, rendered by the template
+    return apply_system_prompt([{c: row[c] for c in kept if c in row} for row in rows], ctx.stage.get("system_prompt"),
                                ctx.where, spec["path"])
 
 
