@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import DATA, fails, run_cli, write_recipe
+from helpers import DATA, fails, metrics, run_cli, write_recipe
 
 from kitcli.errors import KitError
 from tools.builtin import calculator, python
@@ -279,11 +279,31 @@ def test_tool_rows_keep_their_own_arguments_in_the_dataset():
     assert to_dataset([{"prompt": "a", "completion": "b"}]).features["prompt"].dtype == "string"  # as before
 
 
-def test_sft_accepts_tool_calling_rows(tmp_path):
+def test_sft_and_dpo_keep_the_tools_column(tmp_path):
+    from helpers import stage_context
+
+    from kitcli.stages import pairs, sft
+
     data = write_rows(tmp_path / "d.jsonl", [tool_row()] * 4)
-    recipe = write_recipe(tmp_path / "r.yaml", [{"name": "sft", "type": "sft", "data": data,
-                                                 "train": {"max_steps": 1}}])
+    prompt, reply = tool_row()["messages"][:1], tool_row()["messages"][1:]
+    prefs = write_rows(tmp_path / "p.jsonl", [{"prompt": prompt, "chosen": reply, "rejected": reply[-1:],
+                                               "tools": tool_row()["tools"]}] * 4)
+    stages = [{"name": "sft", "type": "sft", "data": data, "train": {"max_steps": 1}},
+              {"name": "dpo", "type": "dpo", "data": prefs, "train": {"max_steps": 1}}]
+    recipe = write_recipe(tmp_path / "r.yaml", stages)
     assert "rows: 4" in run_cli("run", recipe, "--dry-run").output
+    assert sft.load_rows(stage_context(recipe, "sft", tmp_path / "run"))[0]["tools"] == tool_row()["tools"]
+    assert pairs.preference_rows(stage_context(recipe, "dpo", tmp_path / "run"))[0]["tools"] == tool_row()["tools"]
+
+
+@pytest.mark.slow
+def test_sft_trains_on_tool_calling_rows(tmp_path):
+    data = write_rows(tmp_path / "d.jsonl", [tool_row()] * 8)
+    recipe = write_recipe(tmp_path / "r.yaml", [{"name": "sft", "type": "sft", "data": data, "train": {
+        "max_steps": 2, "per_device_train_batch_size": 4, "logging_steps": 1, "save_steps": 50}}],
+        model={"name": "tiny", "max_seq_length": 512, "dtype": "float32"})
+    run_cli("run", recipe, "--output", tmp_path / "run")
+    assert [row["loss"] > 0 for row in metrics(tmp_path / "run" / "sft") if "loss" in row] == [True, True]
 
 
 # --- refusals: one line, exit 2, before anything loads ----------------------------------------------------------

@@ -214,7 +214,7 @@ def formatted_example(recipe: Recipe, stage: dict[str, Any]) -> str | None:
                 if isinstance(prompt, list) else prompt)
         reply = row.get("completion", row.get("chosen"))
         if reply is not None:
-            text += reply[0]["content"] if isinstance(reply, list) else reply
+            text += (reply[0].get("content") or "") if isinstance(reply, list) else reply  # a tool call may have none
         parts.append(text)
     else:
         return yaml.safe_dump(row, sort_keys=False, allow_unicode=True).rstrip()

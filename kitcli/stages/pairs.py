@@ -48,8 +48,8 @@ def check_pair(row: dict[str, Any], number: int, where: str, path: str) -> None:
     def kind(value):
         if isinstance(value, str) and value.strip():
             return "text"
-        if isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m and "content" in m
-                                                      for m in value):
+        if isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m and ("content" in m or
+                                                      "tool_calls" in m) for m in value):  # a tool call may have none
             return "messages"
         return None
 
