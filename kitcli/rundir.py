@@ -10,6 +10,7 @@
         metrics.jsonl         one JSON object per logging step; alarms.jsonl, completions.jsonl beside it
         samples.jsonl         an eval stage's scored completions
         checkpoints/          trainer checkpoints (checkpoint-N/)
+        filter/               an RL stage's filter: pass rates (<key>.jsonl) and summary.json
         adapter/ or model/    the trained LoRA adapter (PEFT format) or full model, with the tokenizer
         merged/               a reward stage's adapter merged into a plain sequence-classification model
         critic/               a PPO stage's critic adapter and value head
@@ -88,6 +89,10 @@ class StageDir:
     @property
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
+
+    @property
+    def filter(self) -> Path:
+        return self.path / "filter"
 
     @property
     def adapter(self) -> Path:

@@ -28,7 +28,7 @@ from typing import Any
 
 from kitcli.errors import KitError
 from kitcli.recipe.filter_spec import FilteredSection, FilterSpec  # noqa: F401  (the stages' section, one import)
-from kitcli.rundir import write_atomic
+from kitcli.rundir import StageDir, write_atomic
 from kitcli.training.signal import Group, histogram, pass_rule, score_groups, summarize
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -36,7 +36,7 @@ SUMMARY_NAME = "summary.json"
 
 
 def filter_dir(stage_dir: Path) -> Path:
-    return Path(stage_dir) / "filter"
+    return StageDir(Path(stage_dir)).filter
 
 
 def sampling_settings(values: Any) -> tuple[dict[str, Any], int]:
