@@ -70,7 +70,7 @@ def raced(tmp_path_factory):
         refused_in = time.time() - started
         first_alive = first.poll() is None  # the refusal must have met a running first run, or it proves nothing
         assert first.wait(timeout=300) == 0, log.read_text()
-    subprocess.run(kit("run", recipe, "--output", lone, "--quiet"), check=True, capture_output=True, env=ENV)
+    run_cli("run", recipe, "--output", lone, "--quiet")  # in this process: the same code, the same bytes
     return {"shared": shared, "lone": lone, "holder": holder, "second": second, "refused_in": refused_in,
             "first_alive": first_alive, "first_pid": first.pid, "tmp": tmp}
 
@@ -123,7 +123,7 @@ def test_the_lock_is_exclusive_and_names_its_holder(tmp_path):
     first.take(create=True)
     try:
         assert lock_holder(RunDir(tmp_path / "run")) is None  # this process's own lock is not another run
-        with pytest.raises(KitError, match=rf"is in use by another kit run \(pid {os.getpid()} on .*started .*`kit "):
+        with pytest.raises(KitError, match=rf"is in use by another kit run \(pid {os.getpid()} on .*started .*`kit"):
             WriterLock(RunDir(tmp_path / "run")).take(create=False)
     finally:
         first.release()
