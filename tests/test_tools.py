@@ -209,10 +209,15 @@ def tiny_tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(str(tiny_model_dir))
 
 
-def test_plain_chats_render_byte_for_byte_as_before(tiny_tokenizer):
-    from kitcli.models.tiny import ASSETS, CHAT_TEMPLATE, PLAIN_CHAT_TEMPLATE
+def test_the_shipped_template_is_the_one_tiny_py_builds(tiny_tokenizer):
+    from kitcli.models.tiny import ASSETS, CHAT_TEMPLATE
 
     assert (ASSETS / "chat_template.jinja").read_text() == CHAT_TEMPLATE == tiny_tokenizer.chat_template
+
+
+def test_plain_chats_render_byte_for_byte_as_before(tiny_tokenizer):
+    from kitcli.models.tiny import PLAIN_CHAT_TEMPLATE
+
     for chat in PLAIN_CHATS:
         for generation in (False, True):
             new = tiny_tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=generation)
