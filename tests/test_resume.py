@@ -1,13 +1,16 @@
-"""Interrupted work resumes exactly: every trainer stage, killed (SIGKILL) right after a mid-stage checkpoint of a
-real `kit run` and run again, ends with the same adapter and the same logged metrics as an uninterrupted run of
-the same recipe (training on this CPU is deterministic, so the comparison is exact up to float noise). Every stage
-type that samples (GRPO, GSPO, RLOO with steps_per_generation > 1, PPO; all with a KL term) runs several short passes
-over a few prompts and is killed within its first pass, right after a pass boundary, in its third pass and while a
-checkpoint is half written. Also after SIGINT and SIGTERM (a clean stop that saves a checkpoint) and after two
-interruptions in a row; a checkpoint that cannot resume faithfully is refused.
+"""Interrupted work resumes exactly: every trainer stage, killed right after a mid-stage checkpoint and run again,
+ends with the same adapter and the same logged metrics as an uninterrupted run of the same recipe (training on this
+CPU is deterministic, so the comparison is exact up to float noise). Every stage type that samples (GRPO, GSPO, RLOO
+with steps_per_generation > 1, PPO; all with a KL term) runs several short passes over a few prompts and is killed
+within its first pass, right after a pass boundary, in its third pass and while a checkpoint is half written. Also
+after SIGINT and SIGTERM (a clean stop that saves a checkpoint) and after two interruptions in a row; a checkpoint
+that cannot resume faithfully is refused.
 
-Each uninterrupted run happens once per stage type (in-process, through the CLI); the interrupted runs are
-subprocesses, and their resumes run in-process."""
+Each uninterrupted run happens once per stage type (in-process, through the CLI) and keeps every checkpoint. A run
+killed right after checkpoint N is that run's directory cut back to checkpoint N (as_killed_after_checkpoint: the
+bytes a killed process leaves, without starting one); real processes are killed where the kill itself matters:
+inside a checkpoint write (every sampling type, SIGKILL), on SIGINT / SIGTERM, and twice in a row. Resumes run
+in-process."""
 
 from __future__ import annotations
 
@@ -111,7 +114,9 @@ runpy.run_module("kitcli", run_name="__main__", alter_sys=True)
 
 def stage(stage_type: str) -> dict:
     spec = json.loads(json.dumps(STAGES[stage_type]))
-    spec["train"] = {"max_steps": STEPS, "logging_steps": 1, "save_steps": 2, **spec["train"]}
+    # every checkpoint kept (save_total_limit changes no number), so a copy of the uninterrupted run can stand for
+    # one killed after any of them
+    spec["train"] = {"max_steps": STEPS, "logging_steps": 1, "save_steps": 2, "save_total_limit": 100, **spec["train"]}
     return {"name": "x", "init": "sft", **spec}
 
 
@@ -160,6 +165,32 @@ def kill_after_checkpoint(recipe: Path, run_dir: Path, step: int) -> None:
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     assert not (run_dir / "x" / "DONE").exists(), "the stage finished before the kill"
+
+
+def as_killed_after_checkpoint(whole: Path, run_dir: Path, step: int) -> None:
+    """The run directory `kit run` leaves when SIGKILLed right after writing stage x's checkpoint-`step`: a copy of
+    the uninterrupted run without what it wrote after that checkpoint (later checkpoints, logs of later steps, the
+    final weights, DONE, the report). Training here is deterministic, so the uninterrupted run's checkpoint-`step`
+    holds the bytes the killed run wrote; the process kills themselves are tested for real below (during a
+    checkpoint write for every sampling type, SIGINT and SIGTERM, two kills in a row), each costing a process."""
+    shutil.copytree(whole, run_dir)
+    stage_dir = run_dir / "x"
+    for checkpoint in (stage_dir / "checkpoints").glob("checkpoint-*"):
+        if int(checkpoint.name.split("-")[1].split(".")[0]) > step:
+            shutil.rmtree(checkpoint)
+    assert (stage_dir / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json").exists() \
+        or any((stage_dir / "checkpoints" / f"checkpoint-{step}").glob("*.pkl")), f"no checkpoint-{step} to resume"
+    for name in ("DONE", "adapter", "critic", "model", "report.md", "plots"):
+        for target in (stage_dir / name, run_dir / name):
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+    for log in ("metrics.jsonl", "completions.jsonl", "alarms.jsonl"):
+        if (stage_dir / log).exists():
+            rows = [line for line in (stage_dir / log).read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= step]
+            (stage_dir / log).write_text("".join(row + "\n" for row in rows))
 
 
 def die_in_checkpoint_write(recipe: Path, run_dir: Path, step: int) -> None:
@@ -243,21 +274,19 @@ def test_sigkill_resumes_exactly(stage_type, kill, uninterrupted, tmp_path):
     recipe = make_recipe(tmp_path, stage_type)
     run_dir = tmp_path / "run"
     steps = stage(stage_type)["train"]["max_steps"]
-    if kill == "after_checkpoint":
-        first = 2
-        kill_after_checkpoint(recipe, run_dir, first)
-    elif kill == "checkpoint_write":
+    if kill == "checkpoint_write":  # a real process, killed inside its checkpoint write
         first = KILLS[stage_type][kill] - stage(stage_type)["train"]["save_steps"]
         die_in_checkpoint_write(recipe, run_dir, KILLS[stage_type][kill])
     else:
-        first = KILLS[stage_type][kill]
-        kill_after_checkpoint(recipe, run_dir, first)
+        first = 2 if kill == "after_checkpoint" else KILLS[stage_type][kill]
+        as_killed_after_checkpoint(whole, run_dir, first)
+        recipe = whole.parent / "r.yaml"  # the recipe that run was started with (its reward file's path included)
     init_before = snapshot(run_dir / "sft")
 
     result = run_cli("run", recipe, "--output", run_dir)
     assert "stage 1/2 sft (sft): finished earlier, skipping" in result.output
     step = resumed_step(run_dir)
-    assert (first <= step < steps) if kill == "after_checkpoint" else step == first
+    assert step == first
     assert f"resuming x from checkpoint-{step} (step {step})" in result.output
     assert done(run_dir / "x")["steps"] == steps
     assert snapshot(run_dir / "sft") == init_before  # the finished stage is not touched
