@@ -45,7 +45,8 @@ generated one alike, that "ref" equals the starting adapter and is frozen (so wi
 model, and the first logged `kl` is 0). The "ref" adapter is not saved in `adapter/`.
 
 Data, generation batches, checkpoints (at whole generation batches), the dashboard, alarms and the report are the
-GRPO stage's: this module reuses kitcli/stages/grpo.py with trainer kind "rloo".
+GRPO stage's: this module reuses kitcli/stages/grpo.py with trainer kind "rloo". Unlike a GRPO stage it takes no
+`tools:` or `environment:`: TRL 1.15's RLOOTrainer has no `tools=` or `environment_factory=` (docs/tools.md).
 """
 
 from __future__ import annotations
