@@ -395,10 +395,11 @@ def test_bad_tool_calling_rows(tmp_path, row, fragment):
 # --- one short real GRPO run ------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_grpo_with_tools_trains_and_renders_the_schema(plugins):
-    """Two GRPO steps with the calculator and an environment on the tiny model: TRL's trainer holds the guarded
-    tools, the prompt it renders carries their schemas, a tool-call reply parses into a call that runs, a failing
-    call raises what TRL counts as a failure, and the tool metrics are logged."""
+def test_grpo_with_tools_trains_and_renders_the_schema(plugins, trainer_family):
+    """Two GRPO steps with the calculator and an environment on the tiny model, with TRL's trainer and with Unsloth's
+    generated one: the trainer holds the guarded tools, the prompt it renders carries their schemas, a tool-call reply
+    parses into a call that runs, a failing call raises what TRL counts as a failure, and the tool metrics are
+    logged."""
     from helpers import stage_context
     from transformers.utils import get_json_schema
     from trl.chat_template_utils import parse_response
@@ -412,6 +413,7 @@ def test_grpo_with_tools_trains_and_renders_the_schema(plugins):
                                                               "dtype": "float32"})
     ctx = stage_context(recipe, "grpo", plugins / "run")
     trainer, loaded, config = grpo_stage.build_trainer(ctx, grpo_stage.VARIANTS["grpo"])
+    assert type(trainer).__name__ == ("UnslothGRPOTrainer" if trainer_family == "unsloth" else "GRPOTrainer")
     assert config.max_tool_calling_iterations == DEFAULT_ITERATIONS
     assert [t.__name__ for t in trainer.tools] == ["calculator", "add"]
     prompt = trainer.train_dataset[0]["prompt"]
