@@ -11,9 +11,17 @@ CODE_BLOCK = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL
 
 
 def completion_text(completion: Any) -> str:
-    """Text of a completion: a string (standard format) or a list of messages (conversational, as TRL passes)."""
+    """Text of a completion: a string (standard format) or a list of messages (conversational, as TRL passes).
+
+    A multi-turn completion with tool turns (TRL's GRPO with tools: assistant, tool, assistant, ...) is scored on its
+    final answer, the content of its last assistant turn; one that ends on a tool turn (cut off before the model
+    answered) has none. A tool's output is never read as the model's answer."""
     if isinstance(completion, list):
-        return "".join(str(m.get("content") or "") for m in completion if isinstance(m, dict))
+        messages = [m for m in completion if isinstance(m, dict)]
+        if any(m.get("role") == "tool" for m in messages):
+            last = messages[-1]
+            return str(last.get("content") or "") if last.get("role") == "assistant" else ""
+        return "".join(str(m.get("content") or "") for m in messages)
     if isinstance(completion, dict):
         return str(completion.get("content") or "")
     return "" if completion is None else str(completion)

@@ -272,6 +272,18 @@ def write_rows(path: Path, rows: list[dict]) -> str:
     return str(path)
 
 
+def test_rewards_score_the_final_answer_of_a_tool_conversation():
+    from rewards.builtin import exact_match
+
+    call = {"role": "assistant", "content": "", "tool_calls": tool_row()["messages"][1]["tool_calls"]}
+    result = {"role": "tool", "name": "calculator", "content": "156"}
+    completions = [[call, result, {"role": "assistant", "content": "156"}],
+                   [call, result],  # cut off after the tool answered: the tool's output is not the model's answer
+                   [{"role": "assistant", "content": "Let me see. "}, result, {"role": "assistant", "content": "12"}],
+                   [{"role": "assistant", "content": "15"}, {"role": "assistant", "content": "6"}]]  # no tools: joined
+    assert exact_match(["q"] * 4, completions, answer=["156"] * 4) == [1.0, 0.0, 0.0, 1.0]
+
+
 def test_tool_rows_keep_their_own_arguments_in_the_dataset():
     from kitcli.data.rows import to_dataset
 
@@ -357,6 +369,7 @@ def test_a_tools_stage_dry_run_lists_tools_and_iterations(plugins):
      "max_tool_calling_iterations only matters when the model can call tools"),
     (grpo(data={"path": str(DATA / "word_problems_train.jsonl"), "columns": {"question": "prompt"}}),
      "plain-text prompts; set data: {chat: true}"),
+    (grpo(filter={"k": 4}), "filter: samples the starting policy without tools"),
 ])
 def test_bad_tool_stages(plugins, stage, fragment):
     line = fails("run", write_recipe(plugins / "r.yaml", [stage]), "--dry-run")

@@ -64,6 +64,13 @@ class ToolsSection(FilteredSection):
             raise fail(f"environment '{value}' must be path/to/file.py:Class or module:Class")
         return value
 
+    @model_validator(mode="after")
+    def no_filter_with_tools(self):
+        if (self.tools or self.environment) and self.filter is not None:
+            raise fail("filter: samples the starting policy without tools, so its pass rates would not be this "
+                       "stage's; remove filter: (or the tools)")
+        return self
+
 
 def tools_here(section: type, raw: Any) -> Any:
     """`tools:` / `environment:` on a stage type whose trainer cannot take them: one line naming the types that can
