@@ -83,7 +83,6 @@ def tools_here(section: type, raw: Any) -> Any:
 
             takers = [t for t, s in stage_types.specs().items() if key in s.section.model_fields]
             why = (" (TRL 1.15's RLOOTrainer takes no tools)" if raw.get("type") == "rloo" else "")
-            raise fail(f"{key}: lets the model call tools while it generates, which only the trainers of "
-                       f"{', '.join(takers) or 'no'} stages support; a {raw.get('type')} stage cannot use them{why}; "
-                       f"remove it")
+            raise fail(f"{key}: lets the model call tools while it generates, which only {', '.join(takers) or 'no'} "
+                       f"stages support; a {raw.get('type')} stage cannot use them{why}; remove it")
     return raw

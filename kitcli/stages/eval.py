@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -35,6 +35,7 @@ from kitcli.models.backend import load_stage_policy
 from kitcli.models.generate import exact_match, generate
 from kitcli.recipe.schema import DataSpec, GenerationSpec, RewardSpec, StageSection, StageSpec, fail
 from kitcli.recipe.stage_context import StageContext
+from kitcli.recipe.tool_spec import ToolSpec
 
 GENERATION_DEFAULTS = {name: field.default for name, field in GenerationSpec.model_fields.items()}
 
@@ -47,6 +48,10 @@ class EvalSection(StageSection):
     generation: GenerationSpec | None = Field(None, description="How to generate.")
     rewards: list[RewardSpec] = Field(default_factory=list, description="Rewards to average over the completions.")
     system_prompt: str | None = Field(None, description="A system message put before every prompt.")
+    tools: list[ToolSpec] = Field(default_factory=list, description="Tools the model may call: a second, greedy run "
+                                                                    "with them (docs/tools.md).")
+    max_tool_calling_iterations: Annotated[int, Field(ge=0)] = Field(4, description="Rounds of tool calls per "
+                                                                                    "problem in the run with tools.")
 
     @field_validator("generation", mode="before")
     @classmethod
@@ -202,12 +207,14 @@ def write_samples(path, records: list[dict[str, Any]]) -> None:
 
 
 def describe(ctx: StageContext) -> dict[str, Any]:
+    from kitcli.training.tool_use import describe_tools
+
     settings = generation_settings(ctx)
     rewards = load_eval_rewards(ctx.stage.get("rewards"), ctx.recipe.base_dir, ctx.where, ctx.run_dir)
     rows = load_rows(ctx, rewards)
     return {"init": ctx.stage.get("init") or "base model", "data": ctx.stage["data"]["path"], "rows": len(rows),
             "rewards": [f"{r.name} (weight {r.weight:g}, {r.source})" for r in rewards],
-            "exact_match": "answer" in rows[0], "generation": settings}
+            "exact_match": "answer" in rows[0], "generation": settings, **describe_tools(ctx)}
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
@@ -218,6 +225,11 @@ def run(ctx: StageContext) -> dict[str, Any]:
                                log=ctx.log, label="evaluated model")
     summary, records = evaluate_rows(loaded.model, loaded.tokenizer, rows, settings, rewards, seed=ctx.seed,
                                      log=ctx.log, where=ctx.where)
+    if ctx.stage.get("tools"):  # the same rows again, greedy, with the tools (kitcli/training/tool_use.py)
+        from kitcli.training.tool_use import evaluate_with_tools
+
+        summary.update(evaluate_with_tools(ctx, loaded.model, loaded.tokenizer, rows, records, settings))
+        summary["headline"] += "; " + summary.pop("headline_tools")
     write_samples(ctx.dir.samples, records)
     ctx.log(f"{ctx.name}: {summary['headline']}")
     return summary

@@ -168,3 +168,37 @@ def check_template(tokenizer, model: str, where: str) -> None:
         except ValueError:
             raise KitError(f"{where}: tools: the chat template of '{model}' renders earlier turns differently once "
                            f"later ones follow, and TRL has no training variant of it; {fix}") from None
+
+
+def evaluate_with_tools(ctx: StageContext, model, tokenizer, rows: list[dict[str, Any]], records: list[dict[str, Any]],
+                        settings: dict[str, Any]) -> dict[str, Any]:
+    """An eval stage's run with its tools: the same multi-turn loop as GRPO's, greedy, one conversation per row (the
+    first of each row's records gets it). Returns the summary's tool figures and a headline part."""
+    from kitcli.models.generate import exact_match
+    from kitcli.models.tool_loop import generate_with_tools
+
+    check_template(tokenizer, ctx.model["name"], ctx.where)
+    tools, _ = stage_tools(ctx)
+    iterations = ctx.stage.get("max_tool_calling_iterations", DEFAULT_ITERATIONS)  # the eval section's key
+    conversations = generate_with_tools(model, tokenizer, [row["prompt"] for row in rows],
+                                        {t.name: t.fn for t in tools}, [t.schema for t in tools],
+                                        max_new_tokens=settings["max_new_tokens"], max_iterations=iterations,
+                                        batch_size=settings["batch_size"])
+    calls = sum(c.calls for c in conversations)
+    failures = sum(c.failures for c in conversations)
+    summary: dict[str, Any] = {"tool_calls_per_problem": calls / len(rows), "tool_calls": calls,
+                               "tool_failures": failures, "tool_failure_rate": failures / calls if calls else 0.0,
+                               "max_tool_calling_iterations": iterations}
+    n = len(records) // len(rows)
+    for row, conversation, record in zip(rows, conversations, records[::n]):
+        record["with_tools"] = {"turns": conversation.turns, "calls": conversation.calls,
+                                "failures": conversation.failures, "final_answer": conversation.final_answer}
+        if "answer" in row:
+            record["with_tools"]["correct"] = exact_match(conversation.final_answer, row["answer"])
+    figures = f"{calls / len(rows):.2f} tool calls per problem, {failures} failed"
+    if "answer" in rows[0]:
+        correct = sum(r["with_tools"]["correct"] for r in records[::n])
+        summary.update({"exact_match_with_tools": correct / len(rows), "correct_with_tools": correct})
+        figures = f"exact match {correct / len(rows):.3f} ({correct}/{len(rows)}), {figures}"
+    summary["headline_tools"] = f"with tools: {figures}"
+    return summary

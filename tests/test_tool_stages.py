@@ -1,0 +1,241 @@
+"""Tools in stages (issue 28, items 1-4): TRL's tool-calling data for SFT and DPO, the refusals of a stage with
+tools, one short real GRPO run with tools on both trainer families, and an eval stage with tools."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import DATA, fails, metrics, run_cli, write_recipe
+from tool_helpers import PROMPTS, SMALL_GRPO, copy_plugins, grpo, schema_line, tool_row, write_rows
+
+from tools.registry import ToolError, load_tool
+
+
+@pytest.fixture
+def plugins(tmp_path) -> Path:
+    return copy_plugins(tmp_path)
+
+
+# --- TRL's tool-calling data format (SFT, DPO) ------------------------------------------------------------------
+
+def test_rewards_score_the_final_answer_of_a_tool_conversation():
+    from rewards.builtin import exact_match
+
+    call = {"role": "assistant", "content": "", "tool_calls": tool_row()["messages"][1]["tool_calls"]}
+    result = {"role": "tool", "name": "calculator", "content": "156"}
+    completions = [[call, result, {"role": "assistant", "content": "156"}],
+                   [call, result],  # cut off after the tool answered: the tool's output is not the model's answer
+                   [{"role": "assistant", "content": "Let me see. "}, result, {"role": "assistant", "content": "12"}],
+                   [{"role": "assistant", "content": "15"}, {"role": "assistant", "content": "6"}]]  # no tools: joined
+    assert exact_match(["q"] * 4, completions, answer=["156"] * 4) == [1.0, 0.0, 0.0, 1.0]
+
+
+def test_tool_rows_keep_their_own_arguments_in_the_dataset():
+    from kitcli.data.rows import to_dataset
+
+    other = tool_row()
+    other["messages"][1]["tool_calls"][0]["function"]["arguments"] = {"query": "x", "n": 2}
+    dataset = to_dataset([tool_row(), other, {**tool_row(), "tools": json.dumps(tool_row()["tools"])}])
+    assert dataset[0]["messages"][1]["tool_calls"][0]["function"]["arguments"] == {"expression": "12*13"}
+    assert dataset[1]["messages"][1]["tool_calls"][0]["function"]["arguments"] == {"query": "x", "n": 2}
+    assert "content" not in dataset[0]["messages"][1] and dataset[0]["tools"] == tool_row()["tools"]
+    assert to_dataset([{"prompt": "a", "completion": "b"}]).features["prompt"].dtype == "string"  # as before
+
+
+def test_sft_and_dpo_keep_the_tools_column(tmp_path):
+    from helpers import stage_context
+
+    from kitcli.stages import pairs, sft
+
+    data = write_rows(tmp_path / "d.jsonl", [tool_row()] * 4)
+    prompt, reply = tool_row()["messages"][:1], tool_row()["messages"][1:]
+    prefs = write_rows(tmp_path / "p.jsonl", [{"prompt": prompt, "chosen": reply, "rejected": reply[-1:],
+                                               "tools": tool_row()["tools"]}] * 4)
+    stages = [{"name": "sft", "type": "sft", "data": data, "train": {"max_steps": 1}},
+              {"name": "dpo", "type": "dpo", "data": prefs, "train": {"max_steps": 1}}]
+    recipe = write_recipe(tmp_path / "r.yaml", stages)
+    assert "rows: 4" in run_cli("run", recipe, "--dry-run").output
+    assert sft.load_rows(stage_context(recipe, "sft", tmp_path / "run"))[0]["tools"] == tool_row()["tools"]
+    assert pairs.preference_rows(stage_context(recipe, "dpo", tmp_path / "run"))[0]["tools"] == tool_row()["tools"]
+
+
+@pytest.mark.slow
+def test_sft_trains_on_tool_calling_rows(tmp_path):
+    data = write_rows(tmp_path / "d.jsonl", [tool_row()] * 8)
+    recipe = write_recipe(tmp_path / "r.yaml", [{"name": "sft", "type": "sft", "data": data, "train": {
+        "max_steps": 2, "per_device_train_batch_size": 4, "logging_steps": 1, "save_steps": 50}}],
+        model={"name": "tiny", "max_seq_length": 512, "dtype": "float32"})
+    run_cli("run", recipe, "--output", tmp_path / "run")
+    assert [row["loss"] > 0 for row in metrics(tmp_path / "run" / "sft") if "loss" in row] == [True, True]
+
+
+# --- refusals: one line, exit 2, before anything loads ----------------------------------------------------------
+
+def model_copy(tmp_path: Path, tiny_model_dir: Path, template: str) -> dict:
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    (folder / "chat_template.jinja").write_text(template)
+    return {"name": str(folder), "max_seq_length": 512, "dtype": "float32"}
+
+
+def test_a_tools_stage_dry_run_lists_tools_and_iterations(plugins):
+    (plugins / "notes.txt").write_text("x\n")
+    stage = grpo(tools=["calculator", {"name": "search_file", "args": {"path": "notes.txt"}}],
+                 environment="my_tools.py:Counter")
+    output = run_cli("run", write_recipe(plugins / "r.yaml", [stage]), "--dry-run").output
+    resolved = yaml.safe_load(output.split("(grpo)\n", 1)[1])
+    assert resolved["tools"] == ["calculator (entry point tools.builtin:calculator)",
+                                 "search_file (entry point tools.builtin:search_file)"]
+    assert resolved["environment"] == "my_tools.py:Counter (tools: add)"
+    assert resolved["GRPOConfig"]["max_tool_calling_iterations"] == 4
+
+
+@pytest.mark.parametrize("stage, fragment", [
+    (grpo(tools=["my_tools.py:not_a_function"]), "tool 'not_a_function' is an int, not a function"),
+    (grpo(tools=["my_tools.py:Counter"]), "tool 'Counter' is a class, not a function"),
+    (grpo(tools=["my_tools.py:untyped"]), "parameter 'key' has no type hint"),
+    (grpo(tools=["my_tools.py:undocumented"]), "tool 'undocumented' has no docstring"),
+    (grpo(tools=["my_tools.py:args_not_described"]), "TRL cannot build its JSON schema"),
+    (grpo(tools=["calculator", "my_tools.py:calculator"]), "two tools are named 'calculator'"),
+    (grpo(tools=["calculator"], environment="my_tools.py:NoReset"), "environment 'my_tools.py:NoReset' has no reset"),
+    (grpo(tools=["my_tools.py:lookup"], environment="my_tools.py:Counter") | {"tools": ["my_tools.py:add"]},
+     "my_tools.py' has no 'add' (callables there: Counter, NoReset,"),
+    (grpo(tools=["calculater"]), "unknown tool 'calculater'. Did you mean 'calculator'?"),
+    (grpo(tools=[{"name": "calculator", "args": {"x": 1}}]), "tool 'calculator' takes no args"),
+    (grpo(environment="Counter"), "must be path/to/file.py:Class or module:Class"),
+    (grpo(type="rloo"), "a rloo stage cannot use them (TRL 1.15's RLOOTrainer takes no tools)"),
+    ({"name": "sft", "type": "sft", "data": PROMPTS, "tools": ["calculator"]},
+     "which only grpo, gspo, eval stages support"),
+    (grpo(tools=[]) | {"train": {**SMALL_GRPO, "max_tool_calling_iterations": 2}},
+     "max_tool_calling_iterations only matters when the model can call tools"),
+    (grpo(data={"path": str(DATA / "word_problems_train.jsonl"), "columns": {"question": "prompt"}}),
+     "plain-text prompts; set data: {chat: true}"),
+    (grpo(filter={"k": 4}), "filter: samples the starting policy without tools"),
+])
+def test_bad_tool_stages(plugins, stage, fragment):
+    line = fails("run", write_recipe(plugins / "r.yaml", [stage]), "--dry-run")
+    assert fragment in line, line
+
+
+@pytest.mark.parametrize("template, fragment", [
+    ("PLAIN", "cannot render a tool-calling conversation"),
+    ("TINY", "TRL cannot parse tool calls out of"),  # renders them, but TRL does not know it by name
+])
+def test_a_template_without_tools_is_refused(tmp_path, tiny_model_dir, template, fragment):
+    from kitcli.models.tiny import CHAT_TEMPLATE, PLAIN_CHAT_TEMPLATE
+
+    model = model_copy(tmp_path, tiny_model_dir, PLAIN_CHAT_TEMPLATE if template == "PLAIN" else CHAT_TEMPLATE)
+    line = fails("run", write_recipe(tmp_path / "r.yaml", [grpo()], model=model), "--dry-run")
+    assert fragment in line and "remove tools:" in line, line
+
+
+@pytest.mark.parametrize("row, fragment", [
+    (tool_row(role="robot"), "messages[2] has role 'robot'"),
+    (tool_row(name="search"), "messages[1] calls tool 'search', which the row's tools column does not define "
+                              "(it defines: calculator)"),
+    (tool_row(tools=False), "calls tool 'calculator', but the row has no tools column"),
+    (tool_row(arguments="not json"), "has arguments None"),
+    ({"messages": [{"role": "user", "content": "q", "tool_calls": [{"function": {"name": "x"}}]}]},
+     "tool_calls in a user turn"),
+    ({**tool_row(), "tools": "nope"}, "column 'tools' is a string that is not JSON"),
+])
+def test_bad_tool_calling_rows(tmp_path, row, fragment):
+    data = write_rows(tmp_path / "d.jsonl", [tool_row(), row])
+    recipe = write_recipe(tmp_path / "r.yaml", [{"name": "sft", "type": "sft", "data": data}])
+    line = fails("run", recipe, "--dry-run")
+    assert fragment in line and "row 2 of" in line, line
+
+
+# --- one short real GRPO run ------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_grpo_with_tools_trains_and_renders_the_schema(plugins, trainer_family):
+    """Two GRPO steps with the calculator and an environment on the tiny model, with TRL's trainer and with Unsloth's
+    generated one: the trainer holds the guarded tools, the prompt it renders carries their schemas, a tool-call reply
+    parses into a call that runs, a failing call raises what TRL counts as a failure, and the tool metrics are
+    logged."""
+    from helpers import stage_context
+    from transformers.utils import get_json_schema
+    from trl.chat_template_utils import parse_response
+    from trl.data_utils import apply_chat_template
+
+    from kitcli.stages import grpo as grpo_stage
+    from kitcli.training.tool_use import DEFAULT_ITERATIONS
+
+    stage = grpo(environment="my_tools.py:Counter", train={**SMALL_GRPO, "temperature": 0.7})
+    recipe = write_recipe(plugins / "r.yaml", [stage], model={"name": "tiny", "max_seq_length": 512,
+                                                              "dtype": "float32"})
+    ctx = stage_context(recipe, "grpo", plugins / "run")
+    trainer, loaded, config = grpo_stage.build_trainer(ctx, grpo_stage.VARIANTS["grpo"])
+    assert type(trainer).__name__ == ("UnslothGRPOTrainer" if trainer_family == "unsloth" else "GRPOTrainer")
+    assert config.max_tool_calling_iterations == DEFAULT_ITERATIONS
+    assert [t.__name__ for t in trainer.tools] == ["calculator", "add"]
+    prompt = trainer.train_dataset[0]["prompt"]
+    rendered = apply_chat_template({"prompt": prompt}, trainer.processing_class, tools=trainer.tools)["prompt"]
+    for tool in trainer.tools:
+        assert schema_line(get_json_schema(tool)) in rendered
+    prefix = trainer.processing_class(rendered, add_special_tokens=False)["input_ids"]
+    reply = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*13"}}\n</tool_call><|im_end|>'
+    ids = trainer.processing_class(reply, add_special_tokens=False)["input_ids"]
+    call = parse_response(trainer._tokenizer, ids, prefix=prefix)["tool_calls"][0]["function"]
+    assert trainer.tools[0](**call["arguments"]) == "156"
+    with pytest.raises(ToolError, match="division by zero"):  # TRL catches it: {'error': ...}, a counted failure
+        trainer.tools[0](expression="1/0")
+    trainer.train()
+    logged = [row for row in trainer.state.log_history if "loss" in row]
+    assert trainer.state.global_step == 2 and len(logged) == 2
+    assert all("tools/call_frequency" in row and "tools/failure_frequency" in row for row in logged)
+
+
+# --- eval with tools --------------------------------------------------------------------------------------------
+
+def test_a_tool_call_in_the_eval_loop_is_answered_or_counted_as_failed():
+    from kitcli.models.tool_loop import ToolConversation, call_tool
+
+    tools = {"calculator": load_tool("calculator", Path.cwd()).fn}
+    call = tool_row()["messages"][1]["tool_calls"][0]
+    assert call_tool(call, tools) == ("calculator", "156", False)
+    bad = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "1/0"}}}
+    assert call_tool(bad, tools) == ("calculator", {"error": "calculator: division by zero"}, True)
+    assert call_tool({"type": "function", "function": {"name": "nope", "arguments": {}}}, tools)[2]
+    ended_on_tool = ToolConversation([{"role": "assistant", "content": "", "tool_calls": [call]},
+                                      {"role": "tool", "name": "calculator", "content": "156"}], 1, 0)
+    assert ended_on_tool.final_answer == ""
+    assert ToolConversation([{"role": "assistant", "content": "9"}]).final_answer == "9"
+
+
+def eval_stage(**changes) -> dict:
+    return {"name": "eval", "type": "eval", "data": {"path": PROMPTS, "limit": 4}, "tools": ["calculator"],
+            "generation": {"max_new_tokens": 8}, **changes}
+
+
+@pytest.mark.parametrize("stage, fragment", [
+    (eval_stage(environment="my_tools.py:Counter"), "environment: lets the model call tools while it generates, which "
+                                                    "only grpo, gspo stages support; a eval stage cannot use them"),
+    (eval_stage(data={"path": str(DATA / "word_problems_train.jsonl"), "columns": {"question": "prompt"}}),
+     "plain-text prompts"),
+    (eval_stage(tools=["my_tools.py:undocumented"]), "tool 'undocumented' has no docstring"),
+    (eval_stage(max_tool_calling_iterations=-1), "max_tool_calling_iterations"),
+])
+def test_bad_eval_stages_with_tools(plugins, stage, fragment):
+    line = fails("run", write_recipe(plugins / "r.yaml", [stage]), "--dry-run")
+    assert fragment in line, line
+
+
+@pytest.mark.slow
+def test_an_eval_stage_with_tools_reports_both_runs(tmp_path):
+    recipe = write_recipe(tmp_path / "r.yaml", [eval_stage()], model={"name": "tiny", "max_seq_length": 512,
+                                                                       "dtype": "float32"})
+    run_cli("run", recipe, "--output", tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "eval" / "DONE").read_text())
+    for key in ("exact_match", "exact_match_with_tools", "tool_calls_per_problem", "tool_failures",
+                "tool_failure_rate"):
+        assert key in summary, key
+    assert summary["max_tool_calling_iterations"] == 4 and "; with tools: exact match" in summary["headline"]
+    samples = [json.loads(line) for line in (tmp_path / "run" / "eval" / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4 and all(s["with_tools"]["turns"][0]["role"] == "assistant" for s in samples)
+    assert sum(s["with_tools"]["calls"] for s in samples) == summary["tool_calls"]
