@@ -15,6 +15,7 @@ targets). Each finding is one row with a verdict; `warn` findings become errors 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -63,10 +64,16 @@ def load_tokenizer(name: str):
 
             with libraries.library_output():  # the conversion's progress bars go to libraries.log, not the table
                 folder = gguf.ensure_converted(source, log=lambda message: None)
+    return tokenizer_in(str(folder))
+
+
+@functools.lru_cache(maxsize=8)
+def tokenizer_in(folder: str):
+    """A folder's tokenizer, loaded once per process (a dry run checks every stage; the only use here is reading)."""
     from transformers import AutoTokenizer
 
     try:  # a hub model's tokenizer only from the local cache: a check downloads nothing
-        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except Exception:  # noqa: BLE001  (offline, gated, no tokenizer files: the check says so)
         return None
 
@@ -144,7 +151,11 @@ class Renderer:
         self.tokenizer = tokenizer
 
     def count(self, text: str) -> int:
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return self.counts([text])[0]
+
+    def counts(self, texts: list[str]) -> list[int]:
+        """Token counts of many texts in one call (the fast tokenizer encodes a batch in Rust, in one go)."""
+        return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
 
     def prompt(self, prompt: Any) -> str:
         if is_chat(prompt):
@@ -180,15 +191,15 @@ def length_findings(ctx: StageContext, rows: list[dict[str, Any]], values: dict[
                     generation: dict[str, Any] | None) -> list[Finding]:
     stage, kind, seq = ctx.name, ctx.stage["type"], ctx.model["max_seq_length"]
     found: list[Finding] = []
-    prompts = [render.count(render.prompt(r["prompt"])) for r in rows if "prompt" in r]
+    prompts = render.counts([render.prompt(r["prompt"]) for r in rows if "prompt" in r])
     if kind in RL_TYPES_WITH_COMPLETIONS or kind == "ppo" or kind == "eval":
         room = (values.get("max_completion_length") or values.get("response_length") or 0) if kind != "eval" \
             else generation["max_new_tokens"]
         name = "generation.max_new_tokens" if kind == "eval" else "train.max_completion_length"
         found.append(cut_finding(stage, f"prompt + {room} new tokens", [n + room for n in prompts], seq,
                                  "model.max_seq_length"))
-        answers = [render.count(str(r["answer"])) + (0 if kind == "eval" else 1) for r in rows if "answer" in r
-                   and isinstance(r["answer"], (str, int, float))]
+        answers = [n + (0 if kind == "eval" else 1) for n in render.counts(
+            [str(r["answer"]) for r in rows if "answer" in r and isinstance(r["answer"], (str, int, float))])]
         if answers and room:
             check = cut_finding(stage, "reference answer" + (" + stop token" if kind != "eval" else ""), answers,
                                 room, name)
@@ -197,16 +208,17 @@ def length_findings(ctx: StageContext, rows: list[dict[str, Any]], values: dict[
         return found
     limit = values.get("max_length")
     if kind == "sft":
-        wholes, replies = [], []
+        texts, paired = [], []
         for r in rows:
             if "messages" in r:
-                wholes.append(render.count(render.tokenizer.apply_chat_template(r["messages"], tokenize=False)))
+                texts.append(render.tokenizer.apply_chat_template(r["messages"], tokenize=False))
             elif "text" in r:
-                wholes.append(render.count(str(r["text"]) + (render.tokenizer.eos_token or "")))
+                texts.append(str(r["text"]) + (render.tokenizer.eos_token or ""))
             else:
-                whole = render.count(render.whole(r["prompt"], r["completion"], eos=True))
-                wholes.append(whole)
-                replies.append(whole - render.count(render.prompt(r["prompt"])))
+                texts.append(render.whole(r["prompt"], r["completion"], eos=True))
+                paired.append((len(texts) - 1, render.prompt(r["prompt"])))
+        wholes = render.counts(texts)
+        replies = [wholes[i] - n for (i, _), n in zip(paired, render.counts([text for _, text in paired]))]
         if prompts:
             found.append(cut_finding(stage, "prompts", prompts, None, ""))
         if replies:
@@ -215,7 +227,7 @@ def length_findings(ctx: StageContext, rows: list[dict[str, Any]], values: dict[
         return found
     if kind in PAIR_TYPES:
         for side in ("chosen", "rejected", "completion"):
-            lengths = [render.count(render.whole(r.get("prompt", ""), r[side], eos=True)) for r in rows if side in r]
+            lengths = render.counts([render.whole(r.get("prompt", ""), r[side], eos=True) for r in rows if side in r])
             if lengths:
                 found.append(cut_finding(stage, f"prompt + {side}", lengths, limit, "train.max_length"))
     return found

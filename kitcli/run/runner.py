@@ -234,9 +234,9 @@ def local_tokenizer(name: str):
         folder = gguf.converted_dir(gguf.file_sha256(source)) if source is not None else Path(name)
     if not (folder / "tokenizer_config.json").is_file():
         return None
-    from transformers import AutoTokenizer
+    from kitcli.run.check import tokenizer_in
 
-    return AutoTokenizer.from_pretrained(str(folder))
+    return tokenizer_in(str(folder))  # loaded once per process, shared with the pre-run check
 
 
 def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Console, no_lock: bool = False) -> Path:
