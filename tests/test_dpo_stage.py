@@ -8,14 +8,23 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import DATA, TINY_MODEL, completion_logprob, done, metrics, run_cli, snapshot, stage_context, write_recipe
+from helpers import (
+    DATA,
+    SFT_8_STEPS,
+    TINY_MODEL,
+    completion_logprob,
+    done,
+    metrics,
+    run_cli,
+    snapshot,
+    stage_context,
+    write_recipe,
+)
 from safetensors.torch import load_file
 
 DPO_STEPS = 6
 PREFS = {"path": str(DATA / "arithmetic_prefs.jsonl"), "limit": 72}
-SFT = {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),
-       "train": {"max_steps": 8, "learning_rate": 2e-3, "per_device_train_batch_size": 16, "logging_steps": 4,
-                 "save_steps": 100}}
+SFT = SFT_8_STEPS  # trained once per module
 DPO = {"name": "dpo", "type": "dpo", "init": "sft", "data": PREFS, "eval_fraction": 0.1,
        "train": {"max_steps": DPO_STEPS, "learning_rate": 2e-3, "per_device_train_batch_size": 8, "logging_steps": 2,
                  "eval_steps": 3, "save_steps": 100}}

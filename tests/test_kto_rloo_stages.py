@@ -7,12 +7,10 @@ import json
 
 import pytest
 import torch
-from helpers import DATA, done, metrics, run_cli, write_recipe
+from helpers import DATA, SFT_8_STEPS, done, metrics, run_cli, write_recipe
 from safetensors.torch import load_file
 
-SFT = {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),
-       "train": {"max_steps": 8, "learning_rate": 2e-3, "per_device_train_batch_size": 16, "logging_steps": 4,
-                 "save_steps": 100}}
+SFT = SFT_8_STEPS  # trained once per module
 KTO_STEPS = 20
 KTO = {"name": "kto", "type": "kto", "init": "sft",
        "data": {"path": str(DATA / "arithmetic_prefs.jsonl"), "limit": 100},

@@ -8,14 +8,12 @@ import json
 
 import pytest
 import torch
-from helpers import DATA, TINY_MODEL, done, metrics, run_cli, snapshot, stage_context, write_recipe
+from helpers import DATA, SFT_8_STEPS, TINY_MODEL, done, metrics, run_cli, snapshot, stage_context, write_recipe
 from safetensors.torch import load_file
 
 RM_STEPS = 16
 TRAIN_PAIRS = {"path": str(DATA / "arithmetic_prefs.jsonl"), "limit": 40}
-SFT = {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),
-       "train": {"max_steps": 8, "learning_rate": 2e-3, "per_device_train_batch_size": 16, "logging_steps": 4,
-                 "save_steps": 100}}
+SFT = SFT_8_STEPS  # trained once per module
 RM = {"name": "rm", "type": "reward", "init": "sft", "data": TRAIN_PAIRS, "eval_fraction": 0.2,
       "train": {"max_steps": RM_STEPS, "learning_rate": 3e-3, "per_device_train_batch_size": 8, "logging_steps": 4,
                 "eval_steps": 8, "save_steps": 100}}
