@@ -57,3 +57,12 @@ class Counter:
 
 class NoReset:
     add = Counter.add
+
+
+def f(x: str) -> str:
+    """F.
+
+    Args:
+        x: X.
+    """
+    return x + "7"
