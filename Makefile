@@ -1,7 +1,7 @@
 # make demo: set up .venv if missing and run the embedded SFT -> GRPO pipeline on CPU.
 # make test: set up .venv if missing and run the test suite (two pytest-xdist workers, one torch thread each;
 #   KIT_TEST_WORKERS=0 runs it in one process).
-# make test-fast: the tests that train nothing (about 75 s); make lint: ruff.
+# make test-fast: the tests that train nothing (about 50 s); make lint: ruff; make mutants: the mutation check.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
