@@ -163,26 +163,7 @@ def unknown_reward(name: str, where: str) -> KitError:
 def find_reward(name: str, base_dir: Path, where: str) -> tuple[Any, str]:
     """The object `name` refers to and a description of where it was found."""
     if ":" in name:
-        target, _, attribute = name.rpartition(":")
-        if target.endswith(".py"):
-            path = Path(target).expanduser()
-            if not path.is_absolute():
-                path = base_dir / path
-            if not path.is_file():
-                raise KitError(f"{where}: reward file '{target}' does not exist (looked in {base_dir})")
-            module = load_file_module(path, where)
-            source = str(path)
-        else:
-            try:
-                module = importlib.import_module(target)
-            except ImportError as error:
-                raise KitError(f"{where}: cannot import reward module '{target}' ({error})") from None
-            source = target
-        if not hasattr(module, attribute):
-            available = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
-            raise KitError(f"{where}: '{source}' has no function '{attribute}' "
-                           f"(callables there: {', '.join(sorted(available)) or 'none'})")
-        return getattr(module, attribute), f"{source}:{attribute}"
+        return load_named(name, base_dir, where, "reward")
     eps = entry_points()
     if name not in eps:
         raise unknown_reward(name, where)
@@ -197,8 +178,33 @@ def find_reward(name: str, base_dir: Path, where: str) -> tuple[Any, str]:
         raise KitError(f"{where}: reward '{name}' ({eps[name].value}) failed to load: {error}") from None
 
 
-def load_file_module(path: Path, where: str):
-    module_name = f"kit_reward_file_{abs(hash(str(path.resolve())))}"
+def load_named(name: str, base_dir: Path, where: str, what: str) -> tuple[Any, str]:
+    """`module:attr` or `path/to/file.py:attr` (relative to `base_dir`): the object and where it was found. `what`
+    (reward, tool, environment) names it in the errors; tools/registry.py finds its plugins through this too."""
+    target, _, attribute = name.rpartition(":")
+    if target.endswith(".py"):
+        path = Path(target).expanduser()
+        path = path if path.is_absolute() else base_dir / path
+        if not path.is_file():
+            raise KitError(f"{where}: {what} file '{target}' does not exist (looked in {base_dir})")
+        module, source = load_file_module(path, where, what), str(path)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as error:
+            raise KitError(f"{where}: cannot import {what} module '{target}' ({error})") from None
+        source = target
+    if not hasattr(module, attribute):
+        available = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        noun = "function " if what == "reward" else ""
+        raise KitError(f"{where}: '{source}' has no {noun}'{attribute}' (callables there: "
+                       f"{', '.join(available) or 'none'})")
+    return getattr(module, attribute), f"{source}:{attribute}"
+
+
+def load_file_module(path: Path, where: str, what: str = "reward"):
+    """A Python file imported as a module of its own, once per process and kind (a file may hold rewards and tools)."""
+    module_name = f"kit_{what}_file_{abs(hash(str(path.resolve())))}"
     if module_name in sys.modules:
         return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, path)
@@ -208,7 +214,7 @@ def load_file_module(path: Path, where: str):
         spec.loader.exec_module(module)
     except Exception as error:
         del sys.modules[module_name]
-        raise KitError(f"{where}: reward file '{path}' failed to import: {type(error).__name__}: {error}") from None
+        raise KitError(f"{where}: {what} file '{path}' failed to import: {type(error).__name__}: {error}") from None
     return module
 
 

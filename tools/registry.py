@@ -19,11 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import importlib
-import importlib.util
 import inspect
 import signal
-import sys
 import threading
 import types
 from collections.abc import Callable
@@ -33,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kitcli.errors import KitError, closest
+from rewards.registry import load_named
 
 ENTRY_POINT_GROUP = "kit.tools"
 BUILTIN_DISTRIBUTION = "lora-kit"
@@ -124,24 +122,7 @@ def factory_args(factory: Callable) -> list[str]:
 def find_object(name: str, base_dir: Path, where: str, what: str = "tool") -> tuple[Any, str]:
     """The object `name` refers to (`module:attr`, `file.py:attr` or, for tools, an entry point) and its source."""
     if ":" in name:
-        target, _, attribute = name.rpartition(":")
-        if target.endswith(".py"):
-            path = Path(target).expanduser()
-            path = path if path.is_absolute() else base_dir / path
-            if not path.is_file():
-                raise KitError(f"{where}: {what} file '{target}' does not exist (looked in {base_dir})")
-            module, source = load_file_module(path, where, what), str(path)
-        else:
-            try:
-                module = importlib.import_module(target)
-            except ImportError as error:
-                raise KitError(f"{where}: cannot import {what} module '{target}' ({error})") from None
-            source = target
-        if not hasattr(module, attribute):
-            available = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-            raise KitError(f"{where}: '{source}' has no '{attribute}' (callables there: "
-                           f"{', '.join(available) or 'none'})")
-        return getattr(module, attribute), f"{source}:{attribute}"
+        return load_named(name, base_dir, where, what)
     if what != "tool":
         raise KitError(f"{where}: {what} '{name}' must be module:Class or path/to/file.py:Class")
     eps = entry_points()
@@ -154,21 +135,6 @@ def find_object(name: str, base_dir: Path, where: str, what: str = "tool") -> tu
         return eps[name].load(), f"entry point {eps[name].value}"
     except Exception as error:
         raise KitError(f"{where}: tool '{name}' ({eps[name].value}) failed to load: {error}") from None
-
-
-def load_file_module(path: Path, where: str, what: str):
-    module_name = f"kit_tool_file_{abs(hash(str(path.resolve())))}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as error:
-        del sys.modules[module_name]
-        raise KitError(f"{where}: {what} file '{path}' failed to import: {type(error).__name__}: {error}") from None
-    return module
 
 
 # --- checking ---------------------------------------------------------------------------------------------------
