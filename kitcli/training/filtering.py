@@ -26,6 +26,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kitcli.cache import file_sha256
 from kitcli.errors import KitError
 from kitcli.recipe.filter_spec import FilteredSection, FilterSpec  # noqa: F401  (the stages' section, one import)
 from kitcli.rundir import StageDir, write_atomic
@@ -46,21 +47,13 @@ def sampling_settings(values: Any) -> tuple[dict[str, Any], int]:
     return sampling, int(get("max_completion_length") or 256)
 
 
-def file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def policy_fingerprint(model_name: str, init_dir: Path | None) -> str:
     """What the starting policy is: the earlier stage's saved adapter (or model) bytes, else the base model."""
     if init_dir is not None:
         saved = next((p for p in (Path(init_dir) / "adapter", Path(init_dir) / "model") if p.is_dir()), None)
         if saved is not None:
             weights = sorted(saved.glob("*.safetensors")) or sorted(saved.glob("*.bin"))
-            return "+".join(file_digest(p)[:16] for p in weights)
+            return "+".join(file_sha256(p)[:16] for p in weights)
     from kitcli.models import gguf
 
     source = None if model_name == "tiny" else gguf.source_file(model_name)
