@@ -138,11 +138,12 @@ def reward_catalog() -> list[dict[str, str]]:
     return rows
 
 
-def factory_args(factory: Callable) -> list[str]:
-    """The arguments a recipe may give a factory in `args:` (the injected base_dir / run_dir left out)."""
+def factory_args(factory: Callable, injected: tuple[str, ...] = INJECTED) -> list[str]:
+    """The arguments a recipe may give a factory in `args:` (the ones the kit injects left out: for rewards
+    base_dir and run_dir; tools/registry.py passes its own)."""
     try:
         return [p.name for p in inspect.signature(factory).parameters.values()
-                if p.name not in INJECTED and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+                if p.name not in injected and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     except (TypeError, ValueError):
         return []
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kitcli.errors import KitError, closest
-from rewards.registry import load_named
+from rewards.registry import factory_args, load_named
 
 ENTRY_POINT_GROUP = "kit.tools"
 BUILTIN_DISTRIBUTION = "lora-kit"
@@ -89,7 +89,7 @@ def tool_catalog() -> list[dict[str, str]]:
             rows.append(row)
             continue
         if getattr(target, "is_tool_factory", False):
-            row["args"] = ", ".join(factory_args(target)) or "-"
+            row["args"] = ", ".join(factory_args(target, INJECTED)) or "-"
             row["parameters"] = "(made by the factory)"
         else:
             row["parameters"] = ", ".join(parameters(target))
@@ -109,14 +109,6 @@ def parameters(fn: Callable) -> list[str]:
 
 def annotation_name(annotation: Any) -> str:
     return annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
-
-
-def factory_args(factory: Callable) -> list[str]:
-    try:
-        return [p.name for p in inspect.signature(factory).parameters.values()
-                if p.name not in INJECTED and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
-    except (TypeError, ValueError):
-        return []
 
 
 def find_object(name: str, base_dir: Path, where: str, what: str = "tool") -> tuple[Any, str]:
