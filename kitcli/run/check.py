@@ -150,9 +150,6 @@ class Renderer:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
 
-    def count(self, text: str) -> int:
-        return self.counts([text])[0]
-
     def counts(self, texts: list[str]) -> list[int]:
         """Token counts of many texts in one call (the fast tokenizer encodes a batch in Rust, in one go)."""
         return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
