@@ -1,6 +1,7 @@
 # make demo: set up .venv if missing and run the embedded SFT -> GRPO pipeline on CPU.
 # make test: set up .venv if missing and run the test suite (two pytest-xdist workers, one torch thread each;
 #   KIT_TEST_WORKERS=0 runs it in one process).
+# make test-long: the install rehearsal and the benchmarks' reduced runs (minutes of subprocesses; CI runs them).
 # make test-fast: the tests that train nothing (about 50 s); make lint: ruff; make mutants: the mutation check.
 PYTHON ?= python3
 VENV := .venv
@@ -8,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.kit-installed
 KIT_TEST_WORKERS ?= 2
 
-.PHONY: demo test test-fast lint mutants bench install clean
+.PHONY: demo test test-long test-fast lint mutants bench install clean
 
 install: $(STAMP)
 
@@ -23,7 +24,10 @@ demo: $(STAMP)
 	$(BIN)/kit run tiny-grpo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(KIT_TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n $(KIT_TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not long"
+
+test-long: $(STAMP)
+	$(BIN)/python -m pytest -q -n $(KIT_TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m long
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_gpu_bench_reduced_runs_both_backends(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--reduced", "--results", str(tmp_path)],
                             cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_shapes_bench_reduced_compares_both_sides(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "shapes.py"), "--reduced", "--repeat", "1",
                              "--results", str(tmp_path)], cwd=ROOT / "bench", capture_output=True, text=True,

@@ -71,6 +71,7 @@ def without_network(command: list[str]) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.xdist_group("offline-rehearsal")
 def test_offline_gpu_run_rehearsed_from_a_clean_archive_and_the_wheelhouse_alone(tmp_path):
     tree, out, home = tmp_path / "tree", tmp_path / "out", tmp_path / "home"
