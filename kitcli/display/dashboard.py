@@ -26,6 +26,7 @@ from typing import Any
 from rich.console import Console
 
 from kitcli.display.alarms import AlarmMonitor
+from kitcli.display.conversation import turns_line
 from kitcli.display.formatting import clip, format_value
 from kitcli.recipe import stage_types
 from kitcli.rundir import StageDir
@@ -376,5 +377,7 @@ class StageDashboard:
             detail = " ".join(f"{n} {format_value(v)}" for n, v in scores.items()) if len(scores) > 1 else ""
             shown = format_value(total) if total is not None else "-"
             table.add_row(Text(f"{shown} ({detail})" if detail else shown),
-                          Text(clip(sample.get("prompt", ""), 80)), Text(clip(sample.get("completion", ""), 120)))
+                          Text(clip(sample.get("prompt", ""), 80)),
+                          Text(turns_line(sample["turns"], 120) if sample.get("turns") else
+                               clip(sample.get("completion", ""), 120)))
         return table

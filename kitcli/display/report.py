@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kitcli.display import svgplot
+from kitcli.display.conversation import call_counts, turns_line, turns_markdown
 from kitcli.display.formatting import format_value, message_text
 from kitcli.display.signal_report import filter_section
 from kitcli.recipe import stage_types
@@ -313,11 +314,25 @@ def write_report(run_dir: Path) -> Path:
                                      [[format_score(c.get("reward", sum(v for v in (c.get("rewards") or {}).values()
                                                                          if isinstance(v, (int, float))))),
                                        message_text(c.get("prompt", ""), 80),
+                                       turns_line(c["turns"], 160) if c.get("turns") else
                                        message_text(c.get("completion", ""), 160)]
                                       for c in recent]), ""]
+        lines += conversation_section([c for c in record.completions if c.get("turns")])
     path = RunDir(run.run_dir).report
     path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
     return path
+
+
+def conversation_section(samples: list[dict[str, Any]]) -> list[str]:
+    """The latest logged completion that called a tool, turn by turn (a stage with tools:)."""
+    if not samples:
+        return []
+    sample = samples[-1]
+    calls, failures = call_counts(sample["turns"])
+    step = f" at step {sample['step']}" if "step" in sample else ""
+    reward = f", reward {format_score(sample['reward'])}" if sample.get("reward") is not None else ""
+    return [f"Sample conversation{step} ({calls} tool call{'s' * (calls != 1)}, {failures} failed{reward}):", "",
+            f"- **prompt**: {message_text(sample.get('prompt', ''), 300)}", *turns_markdown(sample["turns"]), ""]
 
 
 def eval_section(record: StageRecord, shown: int = 5) -> list[str]:
@@ -337,4 +352,5 @@ def eval_section(record: StageRecord, shown: int = 5) -> list[str]:
                 row.append(format_score(s["reward"]))
             rows.append(row)
         lines += [markdown_table(header, rows), ""]
-    return lines
+    with_tools = [{**s["with_tools"], "prompt": s.get("prompt", "")} for s in samples if s.get("with_tools")]
+    return lines + conversation_section(with_tools[:1])

@@ -421,7 +421,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 RL_METRICS = (("reward", "reward"), ("rewards/*/mean", "*"), ("reward_std", "reward_std"),
               ("frac_reward_zero_std", "zero_std_frac"), ("kl", "kl"), ("clip_ratio/region_mean", "clip_ratio"),
-              ("completions/mean_length", "length"), ("entropy", "entropy"))
+              ("completions/mean_length", "length"), ("entropy", "entropy"),
+              ("tools/call_frequency", "tool_calls"), ("tools/failure_frequency", "tool_failures"))  # with tools:
 RL_PANELS = (("reward", "mean reward", ("reward", "rewards/*/mean")),
              ("reward spread", "value", ("reward_std", "frac_reward_zero_std")),
              ("KL to the reference", "KL", ("kl",)),
@@ -431,6 +432,7 @@ RL_PANELS = (("reward", "mean reward", ("reward", "rewards/*/mean")),
              ("clipped importance ratios", "fraction of tokens", ("clip_ratio/region_mean", "clip_ratio/low_mean",
                                                                  "clip_ratio/high_mean")),
              ("truncated completions (hit max_completion_length)", "fraction", ("completions/clipped_ratio",)),
+             ("tool calls", "per completion; failed share", ("tools/call_frequency", "tools/failure_frequency")),
              ("loss", "loss", ("loss",)))
 RL_MEMORY = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations", "generation_batch_size",
              "max_completion_length")

@@ -12,6 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
+from kitcli.display.conversation import call_counts, tool_turns
 from kitcli.display.dashboard import DISPLAY, SAMPLES_SHOWN, StageDashboard
 from kitcli.display.formatting import message_text
 from kitcli.recipe import stage_types
@@ -29,7 +30,8 @@ def stage_type_of(trainer) -> str | None:
 
 
 def samples_from_trainer(trainer, count: int = SAMPLES_SHOWN) -> list[dict[str, Any]]:
-    """The last `count` completions TRL's GRPOTrainer keeps for logging (`trainer._logs`), with their rewards."""
+    """The last `count` completions TRL's GRPOTrainer keeps for logging (`trainer._logs`), with their rewards, and
+    for a completion that called tools its turns (kitcli/display/conversation.py) and its calls and failures."""
     logs = getattr(trainer, "_logs", None)
     if not isinstance(logs, dict) or not logs.get("completion"):
         return []
@@ -42,6 +44,10 @@ def samples_from_trainer(trainer, count: int = SAMPLES_SHOWN) -> list[dict[str, 
         scores = {name: rewards[name][index] for name in names if index < len(rewards[name])}
         sample = {"prompt": message_text(prompts[index]) if index < len(prompts) else "",
                   "completion": message_text(completions[index]), "rewards": scores}
+        turns = tool_turns(completions[index])  # a completion with tool turns keeps them (stages with tools:)
+        if turns is not None:
+            sample["turns"] = turns
+            sample["tool_calls"], sample["tool_failures"] = call_counts(turns)
         if weights is not None and len(scores) == len(weights):
             total = [float(w) * s for w, s in zip(weights.tolist(), scores.values()) if s is not None and
                      math.isfinite(s)]

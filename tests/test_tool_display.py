@@ -1,0 +1,118 @@
+"""What a user sees of tools (issue 28, item 6): tool calls per completion, failures and a sample conversation in the
+dashboard and the run report; `kit chat --tools`; `kit plan` for a stage with tools."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import defaultdict, deque
+from types import SimpleNamespace
+
+import yaml
+from rich.console import Console
+
+from kitcli.display.dashboard import StageDashboard
+from kitcli.training.progress import samples_from_trainer
+
+CALL = {"role": "assistant", "content": "", "tool_calls": [
+    {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "12*13"}}}]}
+FAILED = {"role": "assistant", "content": "Let me try.", "tool_calls": [
+    {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "1/0"}}}]}
+COMPLETIONS = [
+    [{"role": "assistant", "content": "156"}],  # no tool
+    [CALL, {"role": "tool", "name": "calculator", "content": "156"}, {"role": "assistant", "content": "156"}],
+    [FAILED, {"role": "tool", "name": "calculator", "content": "{'error': 'calculator: division by zero'}"},
+     CALL, {"role": "tool", "name": "calculator", "content": "156"}, {"role": "assistant", "content": "156"}],
+]
+
+
+def grpo_trainer_logs() -> SimpleNamespace:
+    """What TRL's GRPOTrainer keeps for logging (`_logs`) after a step with tools: multi-turn completions."""
+    import torch
+
+    logs = {"prompt": deque([[{"role": "user", "content": "What is 12*13?"}]] * 3),
+            "completion": deque(COMPLETIONS), "rewards": defaultdict(deque, {"exact_match": deque([1.0, 1.0, 0.0])})}
+    return SimpleNamespace(_logs=logs, reward_weights=torch.tensor([1.0]))
+
+
+def test_samples_keep_the_tool_turns_and_count_calls():
+    samples = samples_from_trainer(grpo_trainer_logs())
+    assert "turns" not in samples[0] and samples[0]["completion"] == "156"  # as before without tools
+    assert samples[1]["turns"] == [
+        {"role": "assistant", "content": "", "tool_calls": [{"name": "calculator",
+                                                             "arguments": {"expression": "12*13"}}]},
+        {"role": "tool", "content": "156", "name": "calculator"}, {"role": "assistant", "content": "156"}]
+    assert (samples[1]["tool_calls"], samples[1]["tool_failures"]) == (1, 0)
+    assert (samples[2]["tool_calls"], samples[2]["tool_failures"]) == (2, 1)
+
+
+def grpo_run(tmp_path, samples) -> SimpleNamespace:
+    """A run directory with one GRPO stage whose dashboard logged three steps with tool metrics and samples."""
+    run = tmp_path / "run"
+    (run / "grpo").mkdir(parents=True)
+    (run / "recipe.lock.yaml").write_text(yaml.safe_dump({"recipe": {"name": "t", "stages": [
+        {"name": "grpo", "type": "grpo", "tools": ["calculator"]}]}}))
+    console = Console(file=io.StringIO(), force_terminal=True, width=200, record=True)
+    board = StageDashboard("grpo", run / "grpo" / "metrics.jsonl", console, stage_type="grpo", index=1, total=1)
+    board.begin(3)
+    for step in (1, 2, 3):
+        board.advance(step)
+        board.log(step, {"reward": 0.5, "kl": 0.01, "tools/call_frequency": 0.5 * step,
+                         "tools/failure_frequency": 0.4 / step}, samples=samples)
+    board.end(3)
+    return SimpleNamespace(dir=run, screen=console.export_text())
+
+
+def test_dashboard_and_report_show_tool_calls_failures_and_a_conversation(tmp_path):
+    from kitcli.display.report import write_report
+
+    run = grpo_run(tmp_path, samples_from_trainer(grpo_trainer_logs()))
+    final = run.screen[run.screen.rindex("3/3"):]  # the last frame of the live panel
+    assert "tool_calls 1.5" in final and "tool_failures 0.1333" in final
+    assert 'call calculator(expression="1/0"); -> {\'error\': \'calculator: division by zero\'}' in final
+    saved = [json.loads(line) for line in (run.dir / "grpo" / "completions.jsonl").read_text().splitlines()]
+    assert saved[-1]["turns"][1] == {"role": "tool", "content": "{'error': 'calculator: division by zero'}",
+                                     "name": "calculator"}
+    report = write_report(run.dir).read_text()
+    assert "| tools/call_frequency | 0.5 | 1.5 |" in report and "tools/failure_frequency" in report
+    assert "tool calls" in (run.dir / "plots" / "grpo.svg").read_text()  # the panel
+    assert '| 1.000 | What is 12*13? | call calculator(expression="12*13"); -> 156; 156 |' in report
+    conversation = report[report.index("Sample conversation at step 3 (2 tool calls, 1 failed, reward 0.000):"):]
+    assert conversation.splitlines()[2:9] == [
+        "- **prompt**: What is 12*13?",
+        "- **assistant**: Let me try.",
+        '- **call**: `calculator(expression="1/0")`',
+        "- **tool calculator (failed)**: {'error': 'calculator: division by zero'}",
+        '- **call**: `calculator(expression="12*13")`',
+        "- **tool calculator**: 156",
+        "- **assistant**: 156"]
+
+
+def test_a_stage_without_tools_shows_no_tool_lines(tmp_path):
+    from kitcli.display.report import write_report
+
+    plain = [{"prompt": "q", "completion": "156", "reward": 1.0, "rewards": {"exact_match": 1.0}}]
+    run = grpo_run(tmp_path, plain)
+    report = write_report(run.dir).read_text()
+    assert "Sample conversation" not in report and "call " not in run.screen
+
+
+def test_an_eval_stage_with_tools_shows_a_conversation_in_the_report(tmp_path):
+    from kitcli.display.report import write_report
+
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    (run / "recipe.lock.yaml").write_text(yaml.safe_dump({"recipe": {"name": "t", "stages": [
+        {"name": "eval", "type": "eval", "tools": ["calculator"]}]}}))
+    turns = [{"role": "assistant", "content": "", "tool_calls": [{"name": "calculator",
+                                                                  "arguments": {"expression": "12*13"}}]},
+             {"role": "tool", "name": "calculator", "content": "156"}, {"role": "assistant", "content": "156"}]
+    sample = {"prompt": [{"role": "user", "content": "What is 12*13?"}], "completion": "15", "answer": "156",
+              "correct": False, "with_tools": {"turns": turns, "calls": 1, "failures": 0, "final_answer": "156",
+                                               "correct": True}}
+    (run / "eval" / "samples.jsonl").write_text(json.dumps(sample) + "\n")
+    (run / "eval" / "DONE").write_text(json.dumps({"exact_match": 0.0, "exact_match_with_tools": 1.0,
+                                                   "headline": "exact match 0.000; with tools: exact match 1.000"}))
+    report = write_report(run).read_text()
+    assert "Sample conversation (1 tool call, 0 failed):" in report
+    assert '- **call**: `calculator(expression="12*13")`\n- **tool calculator**: 156\n- **assistant**: 156' in report
