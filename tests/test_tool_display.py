@@ -8,7 +8,9 @@ import json
 from collections import defaultdict, deque
 from types import SimpleNamespace
 
+import pytest
 import yaml
+from helpers import fails
 from rich.console import Console
 
 from kitcli.display.dashboard import StageDashboard
@@ -116,3 +118,15 @@ def test_an_eval_stage_with_tools_shows_a_conversation_in_the_report(tmp_path):
     report = write_report(run).read_text()
     assert "Sample conversation (1 tool call, 0 failed):" in report
     assert '- **call**: `calculator(expression="12*13")`\n- **tool calculator**: 156\n- **assistant**: 156' in report
+
+
+# --- kit chat --tools -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--tools", "calculater"], "--tools[0]: unknown tool 'calculater'. Did you mean 'calculator'?"),
+    (["--tools", "calculator,calculator"], "--tools: two tools are named 'calculator'"),
+    (["--tools", "calculator", "--temperature", "0.7"], "--temperature: with --tools the replies are greedy"),
+])
+def test_kit_chat_refuses_bad_tools_before_anything_loads(tmp_path, args, fragment):
+    line = fails("chat", tmp_path / "no-such-run", *args)  # the tools are checked first: the run is never read
+    assert fragment in line, line

@@ -309,3 +309,27 @@ def test_grpo_makes_and_runs_tool_calls(tool_caller):
     assert len(logged) == 2 and all(row["tools/call_frequency"] >= 0.5 for row in logged), logged
     assert all(row["tools/failure_frequency"] == 0 for row in logged)
     assert max(row["reward"] for row in logged) > 0  # the final answer after the tool turn, scored by exact_match
+
+
+@pytest.mark.slow
+def test_grpo_keeps_its_tool_conversations_for_the_dashboard_and_the_report(tool_caller):
+    saved = [json.loads(line) for line in (tool_caller / "grpo" / "completions.jsonl").read_text().splitlines()]
+    called = [s for s in saved if s.get("turns")]
+    assert called and all(s["turns"][1]["role"] == "tool" and s["tool_calls"] >= 1 for s in called)
+    report = (tool_caller / "report.md").read_text()
+    assert "Sample conversation at step 2 (" in report and '- **call**: `f(x="' in report
+    assert "| tools/call_frequency |" in report
+
+
+@pytest.mark.slow
+def test_kit_chat_with_tools_runs_the_eval_loop(tool_caller):
+    from click.testing import CliRunner
+
+    from kitcli.commands.cli import main
+
+    tool = f"{tool_caller.parent / 'my_tools.py'}:f"
+    result = CliRunner().invoke(main, ["chat", str(tool_caller / "sft"), "--tools", tool, "--max-new-tokens", "80"],
+                                input="q3\n/exit\n")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert 'assistant> calls f(x="3")' in lines and "tool f> 37" in lines and "assistant> 37" in lines, lines

@@ -2,6 +2,7 @@
 
     kit chat runs/tiny-sft-20261202-101500            # the last finished stage that saved a policy
     kit chat runs/tiny-sft-20261202-101500/sft        # a named stage
+    kit chat runs/tiny-tools-20261206-101500 --tools calculator   # the model may call tools (greedy replies)
     kit generate runs/tiny-sft-20261202-101500 --prompts prompts.jsonl > completions.jsonl
 
 Both load the stage through `kitcli.models.backend.load_policy` (the base model of the run's recipe, with the stage's
@@ -144,15 +145,61 @@ def reply(loaded, messages: list[dict[str, str]], *, max_new_tokens: int, temper
     return tokenizer.decode(output[0, batch["input_ids"].shape[1]:], skip_special_tokens=True).strip()
 
 
+def chat_tools(names: tuple[str, ...], temperature: float) -> list:
+    """`--tools`, resolved as a stage's `tools:` (built-ins, module:fn, path/to/file.py:fn, entry points; file paths
+    from the current directory) and guarded the same way; refused in one line before anything loads."""
+    if not names:
+        return []
+    if temperature > 0:
+        raise KitError("--temperature: with --tools the replies are greedy, as in an eval stage with tools (the "
+                       "loop kit chat shares with it); drop --temperature or --tools")
+    from tools.registry import load_tools
+
+    return load_tools([n.strip() for name in names for n in name.split(",") if n.strip()], Path.cwd(), "--tools")
+
+
+def check_chat_template(policy: PolicyStage, tokenizer=None) -> None:
+    """The stage's chat template renders and parses tool calls (the checks of a stage with tools); before the model
+    loads when its tokenizer is on disk, and on the loaded tokenizer (the tiny one gets its response template)."""
+    from kitcli.training.tool_use import check_template, preflight_tokenizer
+
+    name = policy.model["name"]
+    tokenizer = tokenizer if tokenizer is not None else preflight_tokenizer(name)
+    if tokenizer is not None:
+        check_template(tokenizer, name, f"--tools (stage '{policy.name}')")
+
+
+def tool_reply(loaded, messages: list[dict[str, Any]], tools: list, *, max_new_tokens: int,
+               max_iterations: int) -> list[dict[str, Any]]:
+    """One answer with tools, in the eval stage's loop (kitcli/models/tool_loop.py): the turns it added, each shown
+    as it reads (calls, tool answers, the final text)."""
+    from kitcli.display.conversation import tool_turns, turn_parts
+    from kitcli.models.tool_loop import generate_with_tools
+
+    conversation = generate_with_tools(loaded.model, loaded.tokenizer, [messages], {t.name: t.fn for t in tools},
+                                       [t.schema for t in tools], max_new_tokens=max_new_tokens,
+                                       max_iterations=max_iterations, batch_size=1)[0]
+    for turn in tool_turns(conversation.turns) or [{"role": "assistant", "content": conversation.final_answer}]:
+        for who, what in turn_parts(turn):
+            click.echo(f"{'assistant' if who == 'call' else who}> {'calls ' + what if who == 'call' else what}")
+    return conversation.turns
+
+
 def run_chat(path: str, *, system: str | None, max_new_tokens: int, temperature: float, top_p: float,
-             seed: int) -> None:
+             seed: int, tools: tuple[str, ...] = (), max_iterations: int = 4) -> None:
     import torch
 
+    loaded_tools = chat_tools(tools, temperature)
     policy = resolve_policy_stage(path, "chat")
+    if loaded_tools:
+        check_chat_template(policy)
     loaded = load_stage_model(policy, log=lambda message: click.echo(message, err=True))
+    if loaded_tools:
+        check_chat_template(policy, loaded.tokenizer)
     torch.manual_seed(seed)
-    click.echo(f"chatting with stage '{policy.name}' of {policy.run_dir} ({policy.kind}); /reset clears the "
-               f"conversation, /exit (or Ctrl-D) quits", err=True)
+    with_tools = f" with tools {', '.join(t.name for t in loaded_tools)}" if loaded_tools else ""
+    click.echo(f"chatting with stage '{policy.name}' of {policy.run_dir} ({policy.kind}){with_tools}; /reset clears "
+               f"the conversation, /exit (or Ctrl-D) quits", err=True)
     fresh = [{"role": "system", "content": system}] if system else []
     messages = list(fresh)
     while True:
@@ -171,6 +218,10 @@ def run_chat(path: str, *, system: str | None, max_new_tokens: int, temperature:
         if not text:
             continue
         messages.append({"role": "user", "content": text})
+        if loaded_tools:
+            messages += tool_reply(loaded, messages, loaded_tools, max_new_tokens=max_new_tokens,
+                                   max_iterations=max_iterations)
+            continue
         click.echo("assistant> ", nl=False)
         answer = reply(loaded, messages, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                        stream=True)
@@ -252,10 +303,16 @@ def run_generate(path: str, *, prompts_file: str, output: str, system: str | Non
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 for greedy replies.")
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling (temperature > 0).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sampling.")
+@click.option("--tools", multiple=True, metavar="NAME",
+              help="Tools the model may call, named as in a stage's tools: (calculator, my_tools.py:fn; repeat or "
+                   "separate with commas); replies then run the eval stage's greedy tool loop.")
+@click.option("--max-tool-calling-iterations", "max_iterations", type=click.IntRange(min=1), default=4,
+              show_default=True, help="With --tools: most rounds of tool calls per answer.")
 def chat_command(run_dir: str, system: str | None, max_new_tokens: int, temperature: float, top_p: float,
-                 seed: int) -> None:
-    """Chat with a trained stage (streaming, multi-turn); /reset clears the conversation, /exit quits."""
-    run_chat(run_dir, system=system, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+                 seed: int, tools: tuple[str, ...], max_iterations: int) -> None:
+    """Chat with a trained stage (streaming, multi-turn; --tools lets it call tools); /reset clears, /exit quits."""
+    run_chat(run_dir, system=system, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+             tools=tools, max_iterations=max_iterations)
 
 
 @click.command("generate")
