@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from helpers import fails
+from helpers import fails, run_cli
 from rich.console import Console
 
 from kitcli.display.dashboard import StageDashboard
@@ -130,3 +130,35 @@ def test_an_eval_stage_with_tools_shows_a_conversation_in_the_report(tmp_path):
 def test_kit_chat_refuses_bad_tools_before_anything_loads(tmp_path, args, fragment):
     line = fails("chat", tmp_path / "no-such-run", *args)  # the tools are checked first: the run is never read
     assert fragment in line, line
+
+
+# --- kit plan ---------------------------------------------------------------------------------------------------
+
+def test_kit_plan_counts_the_multi_turn_sequences(tmp_path, tiny_model_dir):
+    from helpers import write_recipe
+    from tool_helpers import PROMPTS
+
+    grpo = {"name": "grpo", "type": "grpo", "data": PROMPTS, "rewards": ["exact_match"], "tools": ["calculator"],
+            "train": {"max_completion_length": 256, "max_tool_calling_iterations": 3}}
+    evaluation = {"name": "eval", "type": "eval", "data": PROMPTS, "tools": ["calculator"],
+                  "generation": {"max_new_tokens": 64}}
+    plain = [{**grpo, "name": "grpo-plain", "tools": [], "train": {"max_completion_length": 256}},
+             {**evaluation, "name": "eval-plain", "tools": []}]
+    recipe = write_recipe(tmp_path / "r.yaml", [grpo, evaluation, *plain],
+                          model={"name": "tiny", "max_seq_length": 512})
+    stages = json.loads(run_cli("plan", recipe, "--gpu-memory", "8GB", "--json").output)["stages"]
+    plan = {s["stage"]: s for s in stages}
+    # GRPO: TRL caps the whole completion, tool results included, at max_completion_length: the same sequence
+    assert plan["grpo"]["settings"]["seq_len"] == plan["grpo-plain"]["settings"]["seq_len"] == 512
+    assert plan["grpo"]["peak_gib"] == plan["grpo-plain"]["peak_gib"] and plan["grpo"]["settings"]["tool_rounds"] == 3
+    assert "TRL caps a completion, tool results included, at max_completion_length (256 tokens)" in \
+        plan["grpo"]["tools"]
+    # eval: each of up to 4 rounds generates up to 64 tokens on the conversation so far: 5 x 64
+    assert plan["eval"]["settings"]["completion_len"] == 320 and plan["eval-plain"]["settings"]["completion_len"] == 64
+    kv = {name: next(c["gib"] for c in plan[name]["components"] if c["name"].startswith("KV cache"))
+          for name in ("eval", "eval-plain")}
+    assert kv["eval"] > kv["eval-plain"]
+    assert "tools" not in plan["grpo-plain"] and "tools" not in plan["eval-plain"]
+    shown = run_cli("plan", recipe, "--gpu-memory", "8GB").output
+    assert "  tools: up to 3 rounds of calls per completion; TRL caps" in shown
+    assert "planned as 320 generated tokens after the prompt" in shown

@@ -44,7 +44,7 @@ from kitcli.errors import KitError
 from kitcli.plan.architecture import BUILTIN_ARCHITECTURES, Architecture, find_architecture, normalise_name
 from kitcli.plan.estimate import Component, Estimate, GiB, MiB, estimate
 from kitcli.plan.fit import Change, fit, set_flag
-from kitcli.plan.settings import Settings, stage_settings
+from kitcli.plan.settings import Settings, stage_settings, tool_note
 
 __all__ = ["BUILTIN_ARCHITECTURES", "Architecture", "Change", "Component", "Estimate", "GiB", "MiB", "Settings",
            "detect_gpu", "estimate", "find_architecture", "fit", "normalise_name", "parse_memory", "plan_command",
@@ -99,6 +99,9 @@ def plan_recipe(recipe, *, gpu_bytes: float | None, config_path: str | None, bac
                            for c in result.components],
             "settings": asdict(settings),
         }
+        note = tool_note(settings)
+        if note:
+            entry["tools"] = note
         if gpu_bytes:
             entry["fits"] = result.peak <= gpu_bytes
             if not entry["fits"]:
@@ -134,6 +137,8 @@ def print_plan(plan: dict[str, Any], gpu_name: str | None, console) -> None:
             table.add_row(c["name"] + (f" ({c['note']})" if c["note"] else ""), c["phase"], f"{c['gib']:.2f}")
         table.add_row("peak (resident + larger phase)", "", f"{entry['peak_gib']:.2f}", style="bold")
         console.print(table)
+        if entry.get("tools"):
+            console.print(f"  {entry['tools']}", highlight=False, markup=False, soft_wrap=True)
         if "fits" in entry:
             spare = plan["gpu_gib"] - entry["peak_gib"]
             if entry["fits"]:

@@ -48,6 +48,7 @@ class Settings:
     vllm_mode: str = "colocate"
     vllm_gpu_memory_utilization: float = 0.3
     eval_batch_size: int = 0
+    tool_rounds: int = 0  # max_tool_calling_iterations of a stage with tools (0: no tools)
 
     @property
     def completions_at_once(self) -> int:
@@ -171,4 +172,33 @@ def stage_settings(recipe, stage: dict[str, Any], backend: str) -> Settings:
         settings = replace(settings, prompt_len=seq, completion_len=int(generation["max_new_tokens"]),
                            eval_batch_size=int(generation["batch_size"]), gradient_checkpointing=False,
                            load_in_4bit=model["load_in_4bit"] is not False)  # planned for a GPU
+    if stage.get("tools") or stage.get("environment"):
+        settings = with_tools(settings, stage, values)
     return settings
+
+
+def with_tools(settings: Settings, stage: dict[str, Any], values: dict[str, Any]) -> Settings:
+    """A stage with tools. GRPO / GSPO: TRL 1.15 caps a completion, tool results included, at max_completion_length
+    (its tool loop drops a result that would pass it and cuts the next reply to fit), so the planned prompt +
+    completion already holds the whole multi-turn sequence. Eval: each round generates up to max_new_tokens on the
+    whole conversation so far, uncapped, so the generated part grows to (rounds + 1) x max_new_tokens."""
+    from kitcli.training.tool_use import DEFAULT_ITERATIONS
+
+    if settings.rl:
+        return replace(settings, tool_rounds=int(values.get("max_tool_calling_iterations") or DEFAULT_ITERATIONS))
+    rounds = int(stage.get("max_tool_calling_iterations", DEFAULT_ITERATIONS))
+    return replace(settings, tool_rounds=rounds, completion_len=(rounds + 1) * settings.completion_len)
+
+
+def tool_note(settings: Settings) -> str | None:
+    """What the plan of a stage with tools counts, in a line."""
+    if not settings.tool_rounds:
+        return None
+    if settings.rl:
+        return (f"tools: up to {settings.tool_rounds} rounds of calls per completion; TRL caps a completion, tool "
+                f"results included, at max_completion_length ({settings.completion_len} tokens), so the multi-turn "
+                f"sequence fits the planned prompt + completion ({settings.seq_len} tokens, the tool schemas in the "
+                f"prompt) and needs no more memory; each round generates again (more time, not more memory)")
+    return (f"tools: up to {settings.tool_rounds} rounds of calls, each reply up to max_new_tokens on the whole "
+            f"conversation so far: planned as {settings.completion_len} generated tokens after the prompt "
+            f"(the tool results' own tokens are not counted)")
