@@ -162,3 +162,22 @@ def test_kit_plan_counts_the_multi_turn_sequences(tmp_path, tiny_model_dir):
     shown = run_cli("plan", recipe, "--gpu-memory", "8GB").output
     assert "  tools: up to 3 rounds of calls per completion; TRL caps" in shown
     assert "planned as 320 generated tokens after the prompt" in shown
+
+
+def test_kit_chat_refuses_a_template_without_tools_before_the_model_loads(tmp_path, tiny_model_dir):
+    """A finished SFT stage of a model whose chat template cannot render tool calls (the stage directory holds no
+    weights: the refusal comes from the tokenizer alone, before any load)."""
+    import shutil
+
+    from kitcli.models.tiny import PLAIN_CHAT_TEMPLATE
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "chat_template.jinja").write_text(PLAIN_CHAT_TEMPLATE)
+    run = tmp_path / "run"
+    (run / "sft" / "adapter").mkdir(parents=True)
+    (run / "sft" / "DONE").write_text("{}")
+    (run / "recipe.lock.yaml").write_text(yaml.safe_dump({"recipe": {"name": "t", "model": {
+        "name": str(model), "max_seq_length": 512, "load_in_4bit": True}, "stages": [{"name": "sft", "type": "sft"}]}}))
+    line = fails("chat", run, "--tools", "calculator")
+    assert "--tools (stage 'sft'): tools: the chat template of" in line and "cannot render a tool-calling" in line, line
