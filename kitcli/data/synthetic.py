@@ -100,6 +100,61 @@ def harder_problems(n_train: int, n_eval: int, seed: int = 7) -> tuple[list[dict
     return train, held_out
 
 
+# --- problems for tools (tiny-tools): products the tiny model cannot do in its head, one calculator call away ------
+
+# The built-in calculator's schema as TRL builds it from its docstring (tests/test_tool_recipe.py checks that they
+# agree): the SFT traces carry it in their `tools` column, so SFT renders the same system turn as the GRPO stage.
+CALCULATOR_SCHEMA = {"type": "function", "function": {
+    "name": "calculator", "description": "Exact arithmetic on integers and fractions: + - * / ** and parentheses.",
+    "parameters": {"type": "object", "properties": {"expression": {
+        "type": "string", "description": "The arithmetic to do, e.g. 12*(3+4)/5."}}, "required": ["expression"]},
+    "return": {"type": "string"}}}
+
+
+def tool_problems(n: int, seed: int, exclude: set[tuple[int, int]] = frozenset()) -> list[dict]:
+    """"What is 47*86?" for n distinct two-digit pairs not in `exclude`: the tiny model knows single-digit sums
+    only, so it answers these through the calculator or not at all."""
+    rng, seen, problems = random.Random(seed), set(exclude), []
+    while len(problems) < n:
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        if (a, b) in seen:
+            continue
+        seen.add((a, b))
+        problems.append({"question": f"What is {a}*{b}?", "answer": str(a * b), "pair": (a, b)})
+    return problems
+
+
+def tool_trace_rows(problems: list[dict]) -> list[dict]:
+    """SFT rows in TRL's tool-calling format, prompt and completion: the question; one calculator call, its
+    result and the answer (the tool turn is in the completion, as TRL's GRPOTrainer builds it, so SFT and RL train
+    the same token sequence)."""
+    rows = []
+    for p in problems:
+        call = {"type": "function", "function": {"name": "calculator",
+                                                 "arguments": {"expression": "{}*{}".format(*p["pair"])}}}
+        rows.append({"prompt": chat(p["question"]),
+                     "completion": [{"role": "assistant", "tool_calls": [call]},
+                                    {"role": "tool", "name": "calculator", "content": p["answer"]},
+                                    {"role": "assistant", "content": p["answer"]}],
+                     "tools": [CALCULATOR_SCHEMA]})
+    return rows
+
+
+def tool_prompt_rows(problems: list[dict]) -> list[dict]:
+    return [{"prompt": chat(p["question"]), "answer": p["answer"]} for p in problems]
+
+
+def tool_files() -> dict[str, list[dict]]:
+    """tiny-tools' data: held-out and validation questions first, then SFT traces and GRPO prompts on pairs that
+    neither of them has (the validation split chose the recipe's settings; the held-out one only reports)."""
+    held_out = tool_problems(100, seed=21)
+    validation = tool_problems(100, seed=22, exclude={p["pair"] for p in held_out})
+    unseen = {p["pair"] for p in held_out + validation}
+    train = tool_problems(700, seed=23, exclude=unseen)
+    return {"tool_traces.jsonl": tool_trace_rows(train[:300]), "tool_prompts.jsonl": tool_prompt_rows(train[300:]),
+            "tool_validation.jsonl": tool_prompt_rows(validation), "tool_eval.jsonl": tool_prompt_rows(held_out)}
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
@@ -118,6 +173,7 @@ def write_all(out_dir: Path) -> list[Path]:
     smol_train, smol_eval = harder_problems(1200, 100)
     files["word_problems_train.jsonl"] = smol_train  # plain strings: question, answer (recipes add chat: true)
     files["word_problems_eval.jsonl"] = smol_eval
+    files.update(tool_files())
     for name, rows in files.items():
         write_jsonl(out_dir / name, rows)
     return [out_dir / name for name in files]
