@@ -161,3 +161,71 @@ def test_signal_says_why_groups_carry_no_signal(tmp_path):
     assert figures["zero_variance_share"] == 1.0 and figures["truncated_share"] >= 0.9
     signal = next(f for f in report["findings"] if f["topic"] == "reward signal")
     assert signal["level"] == "warn" and "cut at max_completion_length" in signal["verdict"]
+
+
+# --- stages with tools (kitcli/run/tool_check.py) -------------------------------------------------------------------
+
+def test_tool_stages_count_the_schemas_and_the_room_a_call_needs(tmp_path):
+    """tiny-tools with the two settings that silently failed while it was tuned: an eval round of 64 new tokens cuts
+    the ~80-token calculator call before it closes, and a GRPO cap of 96 makes TRL drop every tool result (no answer,
+    reward 0). Figures checked against an independent rendering with the tiny tokenizer."""
+    from kitcli.data.synthetic import CALCULATOR_SCHEMA
+    from kitcli.run.check import load_tokenizer
+
+    shipped = findings(Path("recipes/tiny-tools.yaml"))
+    assert not [f for f in shipped.values() if f.level == "warn"], [f.line() for f in shipped.values()]
+    changes = {"grpo": ("train", "max_completion_length", 96), "eval-sft": ("generation", "max_new_tokens", 64)}
+    recipe = yaml_copy(Path("recipes/tiny-tools.yaml"), tmp_path / "r.yaml", changes)
+    found = findings(recipe)
+    tokenizer = load_tokenizer("tiny")
+    row = json.loads(Path("examples/data/tool_prompts.jsonl").read_text().splitlines()[0])
+    prompt = tokenizer.apply_chat_template(row["prompt"], tools=[CALCULATOR_SCHEMA], tokenize=False,
+                                           add_generation_prompt=True)
+    answer = row["answer"]
+    call = (f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{answer}"}}}}\n</tool_call>'
+            f'<|im_end|>\n')
+    rest = f"<|im_start|>tool\n{answer}<|im_end|>\n<|im_start|>assistant\n{answer}<|im_end|>\n"
+    def count(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    grpo, evaluation = found[("grpo", "one tool call + its result + the answer")], found[("eval-sft", "one tool call")]
+    assert grpo.level == "warn" and f">= {count(call + rest)}" in grpo.verdict, grpo.line()
+    assert evaluation.level == "warn" and f">= {count(call)}" in evaluation.verdict, evaluation.line()
+    with_schemas = found[("grpo", "prompt with tool schemas + 96 new tokens")]
+    assert f"max {count(prompt) + 96} tokens" in with_schemas.figures, with_schemas.line()
+    sft_prompt = found[("sft", "prompts")]  # the traces' own tools column renders the same system turn
+    assert f"max {count(prompt)} tokens" in sft_prompt.figures, sft_prompt.line()
+
+
+def yaml_copy(source: Path, target: Path, changes: dict[str, tuple[str, str, object]]) -> Path:
+    """The recipe with data paths made absolute and one value changed per named stage."""
+    import yaml
+
+    tree = yaml.safe_load(source.read_text())
+    for stage in tree["stages"]:
+        stage["data"] = str(Path(stage["data"]).resolve())
+        if stage["name"] in changes:
+            section, key, value = changes[stage["name"]]
+            stage[section][key] = value
+    target.write_text(yaml.safe_dump(tree))
+    return target
+
+
+def test_sft_rows_whose_reply_is_a_tool_call_are_checked_not_crashed_on(tmp_path):
+    """A trace split at the call (prompt -> the call turn, which has no content) once raised KeyError in the stop-token
+    check; the call turn must be checked like any reply: the template closes it with its stop token."""
+    from kitcli.data.synthetic import CALCULATOR_SCHEMA
+
+    call = {"role": "assistant", "tool_calls": [{"type": "function", "function": {
+        "name": "calculator", "arguments": {"expression": "12*13"}}}]}
+    question = [{"role": "user", "content": "What is 12*13?"}]
+    data = tmp_path / "calls.jsonl"
+    data.write_text(json.dumps({"prompt": question, "completion": [call], "tools": [CALCULATOR_SCHEMA]}) + "\n")
+    messages = tmp_path / "messages.jsonl"
+    messages.write_text(json.dumps({"messages": question + [call], "tools": [CALCULATOR_SCHEMA]}) + "\n")
+    recipe = write_recipe(tmp_path / "r.yaml", [{**SFT_8_STEPS, "data": str(data)},
+                                                {**SFT_8_STEPS, "name": "sft-messages", "data": str(messages)}])
+    found = findings(recipe)
+    for stage in ("sft", "sft-messages"):
+        stop = found[(stage, "stop token in targets")]
+        assert stop.level == "ok" and "<tool_call>" in stop.figures and "<|im_end|>" in stop.figures, stop.line()

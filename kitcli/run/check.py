@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,23 +25,13 @@ from kitcli.errors import KitError
 from kitcli.recipe import stage_types
 from kitcli.recipe.load import Recipe
 from kitcli.recipe.stage_context import StageContext
+from kitcli.run.findings import Finding, cut_finding
+from kitcli.run.tool_check import row_schemas, tool_length_findings
+from kitcli.training.tool_use import stage_schemas
 
 RL_TYPES_WITH_COMPLETIONS = ("grpo", "gspo", "rloo")
 PAIR_TYPES = ("dpo", "kto", "reward")
 TAG_REWARDS = ("format", "tag_credit")  # built-ins that want the completion to open tags (default think, answer)
-
-
-@dataclass
-class Finding:
-    stage: str
-    topic: str
-    level: str  # "ok", "warn" or "info"
-    figures: str
-    verdict: str
-
-    def line(self) -> str:
-        return f"{self.level}: {self.stage}: {self.topic}: {self.verdict}" + (f" ({self.figures})"
-                                                                             if self.figures else "")
 
 
 # --- the pieces a check reads --------------------------------------------------------------------------------------
@@ -123,20 +112,11 @@ def stage_rows(ctx: StageContext) -> list[dict[str, Any]] | None:
     if ctx.stage["type"] == "kto" and "chosen" in rows[0] and "completion" not in rows[0]:
         rows = [{"prompt": r["prompt"], "completion": r["chosen"]} for r in rows] + \
                [{"prompt": r["prompt"], "completion": r["rejected"]} for r in rows]
-    keys = ("prompt", "completion", "chosen", "rejected", "messages", "text", "answer")
+    keys = ("prompt", "completion", "chosen", "rejected", "messages", "text", "answer", "tools")
     rows = [{k: r[k] for k in keys if k in r} for r in rows]
     if ctx.stage.get("system_prompt") and any("prompt" in r or "messages" in r for r in rows[:1]):
         rows = apply_system_prompt(rows, ctx.stage["system_prompt"], ctx.where, spec["path"])
     return rows
-
-
-def percentile(values: list[int], q: float) -> int:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
-def spread(values: list[int]) -> str:
-    return f"p50 {percentile(values, 0.5)} / p95 {percentile(values, 0.95)} / max {max(values)}"
 
 
 def is_chat(value: Any) -> bool:
@@ -154,41 +134,26 @@ class Renderer:
         """Token counts of many texts in one call (the fast tokenizer encodes a batch in Rust, in one go)."""
         return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
 
-    def prompt(self, prompt: Any) -> str:
+    def prompt(self, prompt: Any, tools: list[dict] | None = None) -> str:
         if is_chat(prompt):
-            return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+            return self.tokenizer.apply_chat_template(prompt, tools=tools, tokenize=False, add_generation_prompt=True)
         return str(prompt)
 
-    def whole(self, prompt: Any, reply: Any, eos: bool) -> str:
+    def whole(self, prompt: Any, reply: Any, eos: bool, tools: list[dict] | None = None) -> str:
         if is_chat(prompt) or is_chat(reply):
             turns = (prompt if is_chat(prompt) else [{"role": "user", "content": str(prompt)}]) + \
                 (reply if is_chat(reply) else [{"role": "assistant", "content": str(reply)}])
-            return self.tokenizer.apply_chat_template(turns, tokenize=False)
+            return self.tokenizer.apply_chat_template(turns, tools=tools, tokenize=False)
         return str(prompt) + str(reply) + (self.tokenizer.eos_token or "" if eos else "")
 
 
 # --- the checks --------------------------------------------------------------------------------------------------
 
-def cut_finding(stage: str, what: str, lengths: list[int], limit: int | None, setting: str) -> Finding:
-    """Lengths against a limit: the share cut and the value of `setting` that cuts none."""
-    if not lengths:
-        return Finding(stage, what, "info", "", "no rows")
-    figures = f"{spread(lengths)} tokens" + (f" vs {setting} {limit}" if limit else "")
-    if not limit:
-        return Finding(stage, what, "info", figures, f"no {setting} set" if setting else "cut only as part of the "
-                                                                                           "whole row")
-    over = sum(n > limit for n in lengths)
-    if not over:
-        return Finding(stage, what, "ok", figures, f"all {len(lengths)} fit")
-    return Finding(stage, what, "warn", figures, f"{over / len(lengths):.0%} of {len(lengths)} would be cut; set "
-                                                 f"{setting} >= {max(lengths)} (or drop the longest rows)")
-
-
 def length_findings(ctx: StageContext, rows: list[dict[str, Any]], values: dict[str, Any], render: Renderer,
                     generation: dict[str, Any] | None) -> list[Finding]:
     stage, kind, seq = ctx.name, ctx.stage["type"], ctx.model["max_seq_length"]
     found: list[Finding] = []
-    prompts = render.counts([render.prompt(r["prompt"]) for r in rows if "prompt" in r])
+    prompts = render.counts([render.prompt(r["prompt"], row_schemas(r)) for r in rows if "prompt" in r])
     if kind in RL_TYPES_WITH_COMPLETIONS or kind == "ppo" or kind == "eval":
         room = (values.get("max_completion_length") or values.get("response_length") or 0) if kind != "eval" \
             else generation["max_new_tokens"]
@@ -208,12 +173,12 @@ def length_findings(ctx: StageContext, rows: list[dict[str, Any]], values: dict[
         texts, paired = [], []
         for r in rows:
             if "messages" in r:
-                texts.append(render.tokenizer.apply_chat_template(r["messages"], tokenize=False))
+                texts.append(render.tokenizer.apply_chat_template(r["messages"], tools=row_schemas(r), tokenize=False))
             elif "text" in r:
                 texts.append(str(r["text"]) + (render.tokenizer.eos_token or ""))
             else:
-                texts.append(render.whole(r["prompt"], r["completion"], eos=True))
-                paired.append((len(texts) - 1, render.prompt(r["prompt"])))
+                texts.append(render.whole(r["prompt"], r["completion"], eos=True, tools=row_schemas(r)))
+                paired.append((len(texts) - 1, render.prompt(r["prompt"], row_schemas(r))))
         wholes = render.counts(texts)
         replies = [wholes[i] - n for (i, _), n in zip(paired, render.counts([text for _, text in paired]))]
         if prompts:
@@ -312,13 +277,7 @@ def template_findings(ctx: StageContext, rows: list[dict[str, Any]], render: Ren
                                  f"completions start inside <{tags[0]}>"))
     if kind == "sft":
         stops = stop_tokens(tokenizer)
-        if "messages" in first:
-            text = tokenizer.apply_chat_template(first["messages"], tokenize=False)
-            reply = first["messages"][-1]["content"]
-        else:
-            text = render.whole(first["prompt"], first["completion"], eos=True)
-            reply = first["completion"][-1]["content"] if is_chat(first["completion"]) else first["completion"]
-        after = text[text.rfind(reply) + len(reply):] if reply in text else ""
+        after = reply_end(first, render)
         present = [s for s in stops if s and s in after]
         found.append(Finding(stage, "stop token in targets", "ok" if present else "warn",
                              f"after the reply: {after.strip()!r:.40}; stops on {', '.join(sorted(stops))}",
@@ -326,6 +285,24 @@ def template_findings(ctx: StageContext, rows: list[dict[str, Any]], render: Ren
                              "no stop token follows the reply, so the trained model never learns to stop; use a "
                              "template that ends the assistant turn with its EOS"))
     return found
+
+
+def reply_end(row: dict[str, Any], render: Renderer) -> str:
+    """What the template writes after the text of an SFT row's last reply, where its stop token must be; for a
+    reply that is a tool call (no text of its own), all the template writes for that turn."""
+    if "messages" not in row and not is_chat(row.get("completion")):
+        text, reply = render.whole(row["prompt"], row["completion"], eos=True), str(row["completion"])
+        return text[text.rfind(reply) + len(reply):] if reply in text else ""
+    turns = row.get("messages") or (row["prompt"] if is_chat(row["prompt"]) else
+                                    [{"role": "user", "content": str(row["prompt"])}]) + row["completion"]
+    tools = row_schemas(row)
+    text = render.tokenizer.apply_chat_template(turns, tools=tools, tokenize=False)
+    reply = turns[-1].get("content") or ""
+    if turns[-1].get("tool_calls") or not reply:
+        before = render.tokenizer.apply_chat_template(turns[:-1], tools=tools, tokenize=False,
+                                                      add_generation_prompt=True)
+        return text[len(before):] if text.startswith(before) else ""
+    return text[text.rfind(reply) + len(reply):] if reply in text else ""
 
 
 def filter_findings(ctx: StageContext, rows: list[dict[str, Any]]) -> list[Finding]:
@@ -368,7 +345,12 @@ def check_recipe(recipe: Recipe, run_dir: Path | None = None, console=None) -> l
         values = resolved_values(ctx) if stage["type"] != "eval" else {}
         generation = {"max_new_tokens": 32, **(stage.get("generation") or {})}
         template = template_findings(ctx, rows, render)
-        if not any(f.topic == "chat template" for f in template):  # conversations it cannot render: not measured
+        schemas = stage_schemas(ctx)
+        if any(f.topic == "chat template" for f in template):  # conversations it cannot render: not measured
+            pass
+        elif schemas:
+            found += tool_length_findings(ctx, rows, values, render, generation, schemas)
+        else:
             found += length_findings(ctx, rows, values, render, generation)
         found += batch_findings(ctx, len(rows), values)
         found += template + filter_findings(ctx, rows)

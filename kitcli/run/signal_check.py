@@ -17,7 +17,8 @@ from typing import Any
 from kitcli.recipe import stage_types
 from kitcli.recipe.load import Recipe
 from kitcli.recipe.stage_context import StageContext
-from kitcli.run.check import RL_TYPES_WITH_COMPLETIONS, Finding, resolved_values
+from kitcli.run.check import RL_TYPES_WITH_COMPLETIONS, resolved_values
+from kitcli.run.findings import Finding
 
 
 def starting_policy(ctx: StageContext) -> tuple[Path | None, str | None]:

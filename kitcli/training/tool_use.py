@@ -53,6 +53,18 @@ def stage_tools(ctx: StageContext) -> tuple[list, type | None]:
     return tools, load_environment(environment, ctx.recipe.base_dir, f"{ctx.where}: environment", tools)
 
 
+def stage_schemas(ctx: StageContext) -> list[dict[str, Any]]:
+    """The JSON schemas of the stage's tools and its environment's tool methods, as TRL gives them to the chat
+    template (none without tools)."""
+    if not has_tools(ctx):
+        return []
+    from tools.registry import check_tool, environment_methods
+
+    tools, environment = stage_tools(ctx)
+    methods = environment_methods(environment) if environment is not None else {}
+    return [t.schema for t in tools] + [check_tool(fn, name, ctx.where, method=True) for name, fn in methods.items()]
+
+
 def tool_defaults(ctx: StageContext) -> dict[str, Any]:
     """The config fields the kit sets for a stage with tools; train.max_tool_calling_iterations without tools is
     refused (it would do nothing)."""
