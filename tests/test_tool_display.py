@@ -181,3 +181,19 @@ def test_kit_chat_refuses_a_template_without_tools_before_the_model_loads(tmp_pa
         "name": str(model), "max_seq_length": 512, "load_in_4bit": True}, "stages": [{"name": "sft", "type": "sft"}]}}))
     line = fails("chat", run, "--tools", "calculator")
     assert "--tools (stage 'sft'): tools: the chat template of" in line and "cannot render a tool-calling" in line, line
+
+
+def test_the_before_after_table_shows_exact_match_with_tools_and_calls():
+    """An eval stage with tools reports exact match with and without them; the run's before/after table (and
+    bench/seeds.py, which reads the same keys) must show both and the calls per problem, not only the run without."""
+    from kitcli.display.report import before_after
+
+    sft = ({"name": "eval-sft", "init": "sft"}, {"n": 100, "exact_match": 0.0, "exact_match_with_tools": 0.78,
+                                                 "tool_calls_per_problem": 1.0, "tool_failures": 0})
+    grpo = ({"name": "eval-grpo", "init": "grpo"}, {"n": 100, "exact_match": 0.0, "exact_match_with_tools": 0.81,
+                                                    "tool_calls_per_problem": 1.0, "tool_failures": 0})
+    header, rows = before_after([sft, grpo])
+    assert header == ["score", "eval-sft (sft)", "eval-grpo (grpo)", "change"]
+    assert rows[:3] == [["exact match", "0.000", "0.000", "+0.000"],
+                        ["exact match, with tools", "0.780", "0.810", "+0.030"],
+                        ["tool calls per problem", "1.000", "1.000", "+0.000"]], rows
