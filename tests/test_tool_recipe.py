@@ -44,5 +44,5 @@ def test_the_traces_carry_the_calculators_own_schema_and_true_calls():
 def test_no_held_out_or_validation_product_is_trained_on():
     trained = pairs("tool_traces.jsonl") | pairs("tool_prompts.jsonl")
     held_out, validation = pairs("tool_eval.jsonl"), pairs("tool_validation.jsonl")
-    assert len(held_out) == len(validation) == 100 and len(trained) == 700
+    assert len(held_out) == len(validation) == 100 and len(trained) == 3400
     assert not trained & held_out and not trained & validation and not held_out & validation
