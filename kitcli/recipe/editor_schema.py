@@ -16,7 +16,7 @@ def json_schema(specs: dict[str, StageSpec]) -> dict[str, Any]:
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "kit recipe"
     definitions = schema.get("$defs", {})
-    for name in ("ModelSpec", "DataSpec", "RewardSpec", "RewardModelSpec"):  # each also takes a plain string
+    for name in ("ModelSpec", "DataSpec", "RewardSpec", "RewardModelSpec", "ToolSpec"):  # each also takes a string
         if name in definitions:
             definitions[name] = {"anyOf": [{"type": "string"}, definitions[name]]}
     if "LoraSpec" in definitions:  # `lora: false` (or none): full fine-tuning
