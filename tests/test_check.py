@@ -229,3 +229,16 @@ def test_sft_rows_whose_reply_is_a_tool_call_are_checked_not_crashed_on(tmp_path
     for stage in ("sft", "sft-messages"):
         stop = found[(stage, "stop token in targets")]
         assert stop.level == "ok" and "<tool_call>" in stop.figures and "<|im_end|>" in stop.figures, stop.line()
+
+
+def test_large_data_is_measured_on_an_even_sample_and_says_so(tmp_path):
+    """Over 1,000 rows the lengths come from 1,000 evenly spaced rows (a check of 100,000 rows would take minutes);
+    the finding says so, and the share cut is estimated over the whole file (the long rows are its last third)."""
+    rows = [{"prompt": "What is 3+4?", "completion": "7" * (200 if i >= 2000 else 1)} for i in range(3000)]
+    data = tmp_path / "many.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    sft = {**SFT_8_STEPS, "data": str(data), "train": {**SFT_8_STEPS["train"], "max_length": 64}}
+    found = findings(write_recipe(tmp_path / "r.yaml", [sft]))
+    assert found[("sft", "lengths")].figures == "1,000 of 3,000 rows, evenly spaced"
+    whole = found[("sft", "whole rows")]
+    assert whole.level == "warn" and whole.verdict.startswith("33% of 1000 would be cut"), whole.line()

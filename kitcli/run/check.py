@@ -31,6 +31,7 @@ from kitcli.training.tool_use import stage_schemas
 
 RL_TYPES_WITH_COMPLETIONS = ("grpo", "gspo", "rloo")
 PAIR_TYPES = ("dpo", "kto", "reward")
+LENGTH_ROWS = 1000  # rows whose token lengths are measured (evenly spaced over larger datasets)
 TAG_REWARDS = ("format", "tag_credit")  # built-ins that want the completion to open tags (default think, answer)
 
 
@@ -117,6 +118,14 @@ def stage_rows(ctx: StageContext) -> list[dict[str, Any]] | None:
     if ctx.stage.get("system_prompt") and any("prompt" in r or "messages" in r for r in rows[:1]):
         rows = apply_system_prompt(rows, ctx.stage["system_prompt"], ctx.where, spec["path"])
     return rows
+
+
+def evenly_spaced(rows: list[dict[str, Any]], most: int) -> list[dict[str, Any]]:
+    """At most `most` rows, spread evenly over the data: rendering and tokenizing every row of a large dataset
+    would make the check slow (3,000 tool traces took about 2 s, so 100,000 rows would take a minute)."""
+    if len(rows) <= most:
+        return rows
+    return [rows[i * len(rows) // most] for i in range(most)]
 
 
 def is_chat(value: Any) -> bool:
@@ -345,13 +354,17 @@ def check_recipe(recipe: Recipe, run_dir: Path | None = None, console=None) -> l
         values = resolved_values(ctx) if stage["type"] != "eval" else {}
         generation = {"max_new_tokens": 32, **(stage.get("generation") or {})}
         template = template_findings(ctx, rows, render)
-        schemas = stage_schemas(ctx)
+        schemas, measured = stage_schemas(ctx), evenly_spaced(rows, LENGTH_ROWS)
         if any(f.topic == "chat template" for f in template):  # conversations it cannot render: not measured
             pass
         elif schemas:
-            found += tool_length_findings(ctx, rows, values, render, generation, schemas)
+            found += tool_length_findings(ctx, measured, values, render, generation, schemas)
         else:
-            found += length_findings(ctx, rows, values, render, generation)
+            found += length_findings(ctx, measured, values, render, generation)
+        if len(measured) < len(rows):
+            found.append(Finding(ctx.name, "lengths", "info", f"{len(measured):,} of {len(rows):,} rows, evenly "
+                                                              f"spaced", "lengths measured on a sample (the shares "
+                                                                         "cut are estimates)"))
         found += batch_findings(ctx, len(rows), values)
         found += template + filter_findings(ctx, rows)
     return found
