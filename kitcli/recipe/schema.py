@@ -231,19 +231,6 @@ class StageSection(Section):
     init: str | None = Field(None, description="An earlier stage whose output this stage starts from.")
     config: ClassVar[str | None] = None  # the trainer config class its `train:` block sets
 
-    @model_validator(mode="before")
-    @classmethod
-    def filter_here(cls, raw: Any) -> Any:
-        if isinstance(raw, dict) and "filter" in raw and "filter" not in cls.model_fields:
-            from kitcli.recipe import stage_types
-
-            takers = [t for t, s in stage_types.specs().items() if "filter" in s.section.model_fields]
-            raise fail(f"filter: keeps prompts by the starting policy's pass rate, so it belongs to a stage that "
-                       f"samples completions ({', '.join(takers)}), not to a {raw.get('type')} stage; remove it")
-        from kitcli.recipe.tool_spec import tools_here  # tools: / environment: likewise
-
-        return tools_here(cls, raw)
-
 
 class TrainingSection(StageSection):
     """A stage that trains: its data and its trainer config's fields."""
@@ -342,6 +329,20 @@ def stage_name(stage: Any, index: int) -> str:
     return f"stages[{index}]"
 
 
+def misplaced_keys(stage: dict[str, Any], specs: dict[str, StageSpec], where: str) -> None:
+    """`filter:`, `tools:` or `environment:` on a stage type without them: one line naming the types with them."""
+    for key in ("filter", "tools", "environment"):
+        if key not in stage or key in specs[stage["type"]].section.model_fields:
+            continue
+        takers = ", ".join(t for t, spec in specs.items() if key in spec.section.model_fields) or "no"
+        if key == "filter":
+            raise fail(f"filter: keeps prompts by the starting policy's pass rate, so it belongs to a stage that "
+                       f"samples completions ({takers}), not to a {stage['type']} stage; remove it", where=where)
+        why = " (TRL 1.15's RLOOTrainer takes no tools)" if stage["type"] == "rloo" else ""
+        raise fail(f"{key}: lets the model call tools while it generates, which only {takers} stages support; a "
+                   f"{stage['type']} stage cannot use them{why}; remove it", where=where)
+
+
 def recipe_model(specs: dict[str, StageSpec]) -> type[BaseModel]:
     """The pydantic model of a recipe whose stages are these types (a union discriminated by `type`)."""
     from typing import Union
@@ -397,6 +398,7 @@ def recipe_model(specs: dict[str, StageSpec]) -> type[BaseModel]:
                 if stage["type"] not in specs:
                     raise fail(f"unknown stage type '{stage['type']}'{did_you_mean(str(stage['type']), specs)} "
                                f"(available: {', '.join(specs)})", where=where)
+                misplaced_keys(stage, specs, f"stage '{stage_name(stage, index)}'")
             return raw
 
         @model_validator(mode="after")

@@ -8,7 +8,8 @@
 Tools are named as rewards are (a `kit.tools` entry point, `module:function`, `path/to/file.py:function`); the tool
 library is the top-level `tools/` package, and kitcli/training/tool_use.py loads and checks them before any model
 loads. Only a stage type whose section has these fields takes them: TRL 1.15's RLOOTrainer has no `tools=` or
-`environment_factory=`, so an rloo stage does not (nor do sft, dpo, kto, reward, ppo or eval stages).
+`environment_factory=`, so an rloo stage does not (nor do sft, dpo, kto, reward or ppo stages; an eval stage takes
+`tools:` for its run with tools). A misplaced key is refused by kitcli/recipe/schema.py `misplaced_keys`.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from pydantic import Field, field_validator, model_validator
 
 from kitcli.recipe.filter_spec import FilteredSection
 from kitcli.recipe.schema import Section, fail
-
-TOOL_KEYS = ("tools", "environment")
 
 
 class ToolSpec(Section):
@@ -70,19 +69,3 @@ class ToolsSection(FilteredSection):
             raise fail("filter: samples the starting policy without tools, so its pass rates would not be this "
                        "stage's; remove filter: (or the tools)")
         return self
-
-
-def tools_here(section: type, raw: Any) -> Any:
-    """`tools:` / `environment:` on a stage type whose trainer cannot take them: one line naming the types that can
-    (called by every stage section before its own validation)."""
-    if not isinstance(raw, dict):
-        return raw
-    for key in TOOL_KEYS:
-        if key in raw and key not in section.model_fields:
-            from kitcli.recipe import stage_types
-
-            takers = [t for t, s in stage_types.specs().items() if key in s.section.model_fields]
-            why = (" (TRL 1.15's RLOOTrainer takes no tools)" if raw.get("type") == "rloo" else "")
-            raise fail(f"{key}: lets the model call tools while it generates, which only {', '.join(takers) or 'no'} "
-                       f"stages support; a {raw.get('type')} stage cannot use them{why}; remove it")
-    return raw
