@@ -73,6 +73,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_xdist_node_collection_finished(node, ids):
+    """Under `--dist loadgroup` every test must reach xdist's scheduler with its group (pytest-xdist appends `@group`
+    to the node id). pytest 9.2 reads node ids from a field xdist 3.8 does not set, so each test became its own group:
+    module fixtures were built once per worker (twice) and the Unsloth-trainer groups were not kept together. Stop
+    at once rather than run a suite that silently costs twice as much."""
+    if node.config.getoption("dist") == "loadgroup" and any("@" not in nodeid for nodeid in ids):
+        import xdist
+
+        pytest.exit(f"pytest {pytest.__version__} and pytest-xdist {xdist.__version__} lose each test's xdist_group "
+                    f"(module fixtures would be built on every worker); install the versions pyproject.toml pins",
+                    returncode=3)
+
+
 @pytest.fixture(params=FAMILIES)
 def trainer_family(request, monkeypatch) -> str:
     """Run the test once with TRL's own trainers and once with Unsloth's generated ones (what a GPU runs), forced
