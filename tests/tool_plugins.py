@@ -55,6 +55,13 @@ class Counter:
         return str(self.total)
 
 
+class BrokenReset(Counter):
+    """Counts, once its reset works."""
+
+    def reset(self, **kwargs) -> None:
+        raise ValueError(f"no level {kwargs.get('level')!r}")
+
+
 class NoReset:
     add = Counter.add
 

@@ -337,4 +337,15 @@ def load_environment(name: str, base_dir: Path, where: str = "environment", tool
         check_tool(fn, f"{cls.__name__}.{method_name}", where, method=True)
     check_names([(t.name, t.source) for t in tools] + [(n, f"{source}.{n}") for n in methods], where)
     guarded = {n: guard(fn, n, timeout) for n, fn in methods.items()}
-    return type(cls.__name__, (cls,), {**guarded, "__module__": cls.__module__, "__doc__": cls.__doc__})
+
+    def reset(self, *args, **kwargs):
+        """The environment's own reset; a fault in it stops the stage in one line naming the environment (it is
+        the user's code, not a tool call the model made, so it is not returned to the model)."""
+        try:
+            return cls.reset(self, *args, **kwargs)
+        except Exception as error:  # any fault in the user's code
+            raise KitError(f"environment '{name}' reset() raised {type(error).__name__}: {error}; fix reset (TRL "
+                           f"calls it at the start of each rollout, with the row's columns)") from None
+
+    return type(cls.__name__, (cls,), {**guarded, "reset": reset, "__module__": cls.__module__,
+                                       "__doc__": cls.__doc__})
