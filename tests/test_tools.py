@@ -179,10 +179,10 @@ def test_a_fault_in_an_environments_reset_is_one_line_naming_it(plugins):
     the environment (a bare ValueError would end the run in a traceback)."""
     from kitcli.errors import KitError
 
-    cls = load_environment("my_tools.py:BrokenReset", plugins)
+    cls = load_environment("my_tools.py:ResetFails", plugins)
     with pytest.raises(KitError) as failed:
         cls().reset(level=3)
-    assert str(failed.value.message) == ("environment 'my_tools.py:BrokenReset' reset() raised ValueError: no level "
+    assert str(failed.value.message) == ("environment 'my_tools.py:ResetFails' reset() raised ValueError: no level "
                                          "3; fix reset (TRL calls it at the start of each rollout, with the row's "
                                          "columns)")  # the stage that ran it prefixes its own name
     assert load_environment("my_tools.py:Counter", plugins)().reset() is None  # a working reset passes through

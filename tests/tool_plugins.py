@@ -55,7 +55,7 @@ class Counter:
         return str(self.total)
 
 
-class BrokenReset(Counter):
+class ResetFails(Counter):
     """Counts, once its reset works."""
 
     def reset(self, **kwargs) -> None:
