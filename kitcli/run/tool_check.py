@@ -39,27 +39,22 @@ def tool_length_findings(ctx: StageContext, rows: list[dict[str, Any]], values: 
                          generation: dict[str, Any], schemas: list[dict[str, Any]]) -> list[Finding]:
     """An RL or eval stage with tools: prompt with schemas + room against max_seq_length, and a call + result +
     answer against max_completion_length (GRPO / GSPO) or the call against generation.max_new_tokens (eval)."""
-    stage, tokenizer, is_eval = ctx.name, render.tokenizer, ctx.stage["type"] == "eval"
+    stage, is_eval = ctx.name, ctx.stage["type"] == "eval"
     chats = [r for r in rows if isinstance(r.get("prompt"), list)]
-    prompts = [tokenizer.apply_chat_template(r["prompt"], tools=schemas, tokenize=False, add_generation_prompt=True)
-               for r in chats]
-    prompt_lengths = render.counts(prompts)
+    prompt_lengths = render.counts([render.prompt(r["prompt"], schemas) for r in chats])
     room = generation["max_new_tokens"] if is_eval else values.get("max_completion_length") or 0
     found = [cut_finding(stage, f"prompt with tool schemas + {room} new tokens", [n + room for n in prompt_lengths],
                          ctx.model["max_seq_length"], "model.max_seq_length")]
-    answered = [(r, text) for r, text in zip(chats, prompts) if isinstance(r.get("answer"), (str, int, float))]
+    answered = [(r, n) for r, n in zip(chats, prompt_lengths) if isinstance(r.get("answer"), (str, int, float))]
     if not answered or not room:
         return found
-    turns = [tool_turns(schemas[0], str(r["answer"])) for r, _ in answered]
     if is_eval:  # each round is capped on its own: the call must close within max_new_tokens
-        ends = [tokenizer.apply_chat_template(r["prompt"] + t[:1], tools=schemas, tokenize=False)
-                for (r, _), t in zip(answered, turns)]
-        what, setting = "one tool call", "generation.max_new_tokens"
+        turns, what, setting = 1, "one tool call", "generation.max_new_tokens"
     else:
-        ends = [tokenizer.apply_chat_template(r["prompt"] + t, tools=schemas, tokenize=False)
-                for (r, _), t in zip(answered, turns)]
-        what, setting = "one tool call + its result + the answer", "train.max_completion_length"
-    lengths = [whole - prompt for whole, prompt in zip(render.counts(ends), render.counts([p for _, p in answered]))]
+        turns, what, setting = 3, "one tool call + its result + the answer", "train.max_completion_length"
+    ends = render.counts([render.whole(r["prompt"], tool_turns(schemas[0], str(r["answer"]))[:turns], eos=False,
+                                       tools=schemas) for r, _ in answered])
+    lengths = [end - n for end, (_, n) in zip(ends, answered)]
     check = cut_finding(stage, what, lengths, room, setting)
     check.verdict = check.verdict.replace("would be cut", "cannot fit a correct completion")
     return found + [check]
