@@ -90,12 +90,12 @@ def distribution_name(ep: metadata.EntryPoint) -> str:
     return dist.name if dist is not None else "unknown package"
 
 
-def entry_points() -> dict[str, metadata.EntryPoint]:
-    """name -> entry point in the `kit.rewards` group. The same target seen twice (an editable install and its
-    source checkout's egg-info) counts once; two packages registering one name for different targets is an
-    error when that name is used."""
+def entry_points(group: str = ENTRY_POINT_GROUP) -> dict[str, metadata.EntryPoint]:
+    """name -> entry point in `group` (`kit.rewards`; tools/registry.py reads `kit.tools` with it). The same
+    target seen twice (an editable install and its source checkout's egg-info) counts once; two packages
+    registering one reward name for different targets is an error when that name is used."""
     found: dict[str, metadata.EntryPoint] = {}
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+    for ep in metadata.entry_points(group=group):
         found.setdefault(ep.name, ep)
     return found
 

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from kitcli.errors import KitError, closest
-from rewards.registry import factory_args, load_named
+from rewards.registry import distribution_name, factory_args, load_named
+from rewards.registry import entry_points as entry_points_in
 
 ENTRY_POINT_GROUP = "kit.tools"
 BUILTIN_DISTRIBUTION = "lora-kit"
@@ -63,15 +64,7 @@ class LoadedTool:
 # --- finding ----------------------------------------------------------------------------------------------------
 
 def entry_points() -> dict[str, metadata.EntryPoint]:
-    found: dict[str, metadata.EntryPoint] = {}
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(ep.name, ep)
-    return found
-
-
-def distribution_name(ep: metadata.EntryPoint) -> str:
-    dist = getattr(ep, "dist", None)
-    return dist.name if dist is not None else "unknown package"
+    return entry_points_in(ENTRY_POINT_GROUP)
 
 
 def tool_catalog() -> list[dict[str, str]]:
