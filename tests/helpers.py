@@ -115,3 +115,26 @@ def completion_logprob(model, prompt_ids: list[int], completion_ids: list[int]):
         logits = model(input_ids=ids).logits[0].float()
     token_logps = torch.log_softmax(logits[:-1], dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
     return token_logps[len(prompt_ids) - 1:].sum()
+
+
+def install_plugin_package(root: Path, name: str, group: str, entries: dict[str, str], code: str) -> Path:
+    """A third-party distribution `name` (its module: `name` with '-' as '_') that registers `entries` (entry name ->
+    attribute of the module) in the entry-point `group`, with `code` as its module, installed by pip into
+    root/site: a real dist-info with entry_points.txt, without touching the shared venv. Returns the site folder
+    (put it on sys.path to see the entry points)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    module = name.replace("-", "_")
+    source = root / "src"
+    (source / module).mkdir(parents=True)
+    points = "".join(f'{entry} = "{module}:{attr}"\n' for entry, attr in entries.items())
+    (source / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
+        f'[project]\nname = "{name}"\nversion = "0.1.0"\n[project.entry-points."{group}"]\n{points}'
+        f'[tool.setuptools]\npackages = ["{module}"]\n')
+    (source / module / "__init__.py").write_text(textwrap.dedent(code))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+                    "--target", str(root / "site"), str(source)], check=True, capture_output=True, timeout=120)
+    return root / "site"

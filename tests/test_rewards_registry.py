@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import DATA, TINY_MODEL, run_cli, write_recipe
+from helpers import DATA, TINY_MODEL, install_plugin_package, run_cli, write_recipe
 
 from kitcli.errors import KitError
 from kitcli.recipe.load import load_recipe
@@ -27,26 +27,8 @@ SAMPLES = ROOT / "examples" / "my_rewards_samples.jsonl"
 def extra_rewards_package(tmp_path_factory) -> Path:
     """A third-party package that registers a reward in `kit.rewards`, installed with pip into its own target
     directory (a real distribution with dist-info and entry_points.txt, without touching the shared venv)."""
-    root = tmp_path_factory.mktemp("extra")
-    source = root / "src"
-    (source / "kit_extra_rewards").mkdir(parents=True)
-    (source / "pyproject.toml").write_text(textwrap.dedent("""\
-        [build-system]
-        requires = ["setuptools>=68"]
-        build-backend = "setuptools.build_meta"
-
-        [project]
-        name = "kit-extra-rewards"
-        version = "0.1.0"
-
-        [project.entry-points."kit.rewards"]
-        shouting = "kit_extra_rewards:shouting"
-        prefixed = "kit_extra_rewards:prefixed"
-
-        [tool.setuptools]
-        packages = ["kit_extra_rewards"]
-        """))
-    (source / "kit_extra_rewards" / "__init__.py").write_text(textwrap.dedent('''\
+    site = install_plugin_package(tmp_path_factory.mktemp("extra"), "kit-extra-rewards", "kit.rewards",
+                                  {"shouting": "shouting", "prefixed": "prefixed"}, '''\
         from rewards.registry import reward_factory
 
 
@@ -61,10 +43,7 @@ def extra_rewards_package(tmp_path_factory) -> Path:
             def prefixed_reward(prompts, completions, **kwargs):
                 return [float(str(c).startswith(prefix)) for c in completions]
             return prefixed_reward
-        '''))
-    site = root / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-                    "--target", str(site), str(source)], check=True, capture_output=True, timeout=120)
+        ''')
     assert (site / "kit_extra_rewards-0.1.0.dist-info" / "entry_points.txt").is_file()
     return site
 

@@ -4,14 +4,11 @@ as before, TRL parses its tool calls). Tools in stages: tests/test_tool_stages.p
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
-from helpers import fails, run_cli
+from helpers import fails, install_plugin_package, run_cli
 from tool_helpers import copy_plugins, schema_line
 
 from kitcli.errors import KitError
@@ -99,22 +96,8 @@ def test_schemas_of_builtins_and_plugins(plugins, tmp_path, monkeypatch):
 
 
 def test_entry_point_plugin(tmp_path_factory, monkeypatch):
-    root = tmp_path_factory.mktemp("extra_tools")
-    source = root / "src"
-    (source / "kit_extra_tools").mkdir(parents=True)
-    (source / "pyproject.toml").write_text(textwrap.dedent("""\
-        [build-system]
-        requires = ["setuptools>=68"]
-        build-backend = "setuptools.build_meta"
-        [project]
-        name = "kit-extra-tools"
-        version = "0.1.0"
-        [project.entry-points."kit.tools"]
-        shout = "kit_extra_tools:shout"
-        [tool.setuptools]
-        packages = ["kit_extra_tools"]
-        """))
-    (source / "kit_extra_tools" / "__init__.py").write_text(textwrap.dedent('''\
+    site = install_plugin_package(tmp_path_factory.mktemp("extra_tools"), "kit-extra-tools", "kit.tools",
+                                  {"shout": "shout"}, '''\
         def shout(text: str) -> str:
             """Say it louder.
 
@@ -122,10 +105,8 @@ def test_entry_point_plugin(tmp_path_factory, monkeypatch):
                 text: What to say.
             """
             return text.upper()
-        '''))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-                    "--target", str(root / "site"), str(source)], check=True, capture_output=True, timeout=120)
-    monkeypatch.syspath_prepend(str(root / "site"))
+        ''')
+    monkeypatch.syspath_prepend(str(site))
     tool = load_tool("shout", Path.cwd())
     assert tool.source == "entry point kit_extra_tools:shout" and tool.fn(text="hi") == "HI"
     assert tool.schema["function"]["parameters"]["properties"]["text"]["description"] == "What to say."
