@@ -104,6 +104,8 @@ def test_a_stage_records_its_filter_and_one_that_keeps_nothing_stops_before_trai
     for level in LEVELS:
         before[min(int(level / K * 10), 9)] += 1
     assert f'data-label="before filtering" data-y="{",".join(f"{float(n):g}" for n in before)}"' in svg, svg[:2000]
+    measured = json.loads(run_cli("plan", path, "--output", tmp_path / "run", "--json").stdout)["stages"][0]["measured"]
+    assert measured["max_completion_length"] == 4 and measured["truncated_share"] == record["truncated_share_before"]
     (tmp_path / "b").mkdir()
     empty = setup(tmp_path / "b", {"min_pass": 0.3, "max_pass": 0.4})
     line = fails("run", empty, "--output", tmp_path / "run2", "-q")

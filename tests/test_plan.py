@@ -207,6 +207,28 @@ def test_plan_says_what_fits_and_what_to_change(in_tmp):
     assert all(s["fits"] for s in big["stages"])
 
 
+def test_plan_gives_the_peak_at_the_length_a_filter_found_completions_cut_at(in_tmp):
+    """A run whose GRPO filter found most sampled completions cut at max_completion_length (the summary the filter
+    writes; tests/test_filter.py has kit plan read a real one): the plan adds the peak at twice that length, the
+    figure a plan with that length set gives, and says nothing when few were cut."""
+    recipe = qwen_recipe(in_tmp / "qwen.yaml")
+    summary = in_tmp / "run" / "grpo" / "filter" / "summary.json"
+    summary.parent.mkdir(parents=True)
+    summary.write_text(json.dumps({"truncated_share_before": 0.4, "max_completion_length": 2048}))
+    grpo = next(s for s in json.loads(run_cli("plan", recipe, "--gpu-memory", "24GB", "-o", in_tmp / "run",
+                                              "--json").stdout)["stages"] if s["stage"] == "grpo")
+    longer = json.loads(run_cli("plan", recipe, "--gpu-memory", "24GB", "--json", "--set", "model.max_seq_length=6144",
+                                "--set", "stages.grpo.train.max_completion_length=4096").stdout)["stages"][1]
+    assert grpo["measured"]["longer"] == {"max_completion_length": 4096, "peak_gib": longer["peak_gib"],
+                                          "fits": longer["fits"]}
+    assert longer["peak_gib"] > grpo["peak_gib"]
+    text = run_cli("plan", recipe, "--gpu-memory", "24GB", "-o", in_tmp / "run").output
+    assert "measured: 40% of the starting policy's sampled completions reached max_completion_length 2048" in text
+    summary.write_text(json.dumps({"truncated_share_before": 0.01, "max_completion_length": 2048}))
+    grpo = json.loads(run_cli("plan", recipe, "-o", in_tmp / "run", "--json").stdout)["stages"][1]
+    assert grpo["measured"]["truncated_share"] == 0.01 and "longer" not in grpo["measured"]
+
+
 def test_plan_suggestion_is_applied_by_set(in_tmp):
     recipe = qwen_recipe(in_tmp / "qwen.yaml")
     data = json.loads(run_cli("plan", recipe, "--gpu-memory", "12GB", "--json").stdout)

@@ -36,6 +36,7 @@ import json
 import os
 import re
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 import click
@@ -45,6 +46,7 @@ from kitcli.plan.architecture import BUILTIN_ARCHITECTURES, Architecture, find_a
 from kitcli.plan.estimate import Component, Estimate, GiB, MiB, estimate
 from kitcli.plan.fit import Change, fit, set_flag
 from kitcli.plan.settings import Settings, stage_settings, tool_note
+from kitcli.rundir import StageDir
 
 __all__ = ["BUILTIN_ARCHITECTURES", "Architecture", "Change", "Component", "Estimate", "GiB", "MiB", "Settings",
            "detect_gpu", "estimate", "find_architecture", "fit", "normalise_name", "parse_memory", "plan_command",
@@ -86,7 +88,44 @@ def planned_backend(model: dict[str, Any], requested: str | None) -> str:
     return "unsloth" if importlib.util.find_spec("unsloth") is not None else "transformers"
 
 
-def plan_recipe(recipe, *, gpu_bytes: float | None, config_path: str | None, backend: str | None) -> dict[str, Any]:
+TRUNCATED_NOTE = 0.05  # a measured share of cut completions worth planning longer ones for
+
+
+def measured_truncation(arch: Architecture, settings: Settings, stage_dir: Path,
+                        gpu_bytes: float | None) -> dict[str, Any] | None:
+    """What a run's filter measured of the starting policy's completions (`<stage>/filter/summary.json`): the share
+    cut at max_completion_length and, when that share is not small, the peak at twice the length measured."""
+    path = StageDir(stage_dir).filter / "summary.json"
+    if not settings.rl or not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    if "truncated_share_before" not in record or "max_completion_length" not in record:
+        return None
+    cap, share = int(record["max_completion_length"]), float(record["truncated_share_before"])
+    entry: dict[str, Any] = {"source": str(path), "truncated_share": share, "max_completion_length": cap}
+    if share >= TRUNCATED_NOTE:
+        longer = 2 * cap
+        result = estimate(arch, replace(settings, completion_len=longer, seq_len=settings.prompt_len + longer),
+                          gpu_bytes)
+        entry["longer"] = {"max_completion_length": longer, "peak_gib": round(result.peak / GiB, 2)}
+        if gpu_bytes:
+            entry["longer"]["fits"] = result.peak <= gpu_bytes
+    return entry
+
+
+def measured_text(measured: dict[str, Any]) -> str:
+    text = (f"measured: {measured['truncated_share']:.0%} of the starting policy's sampled completions reached "
+            f"max_completion_length {measured['max_completion_length']} ({measured['source']})")
+    longer = measured.get("longer")
+    if longer:
+        fits = "" if "fits" not in longer else (": fits" if longer["fits"] else ": does not fit")
+        text += (f"; to let them finish, max_completion_length {longer['max_completion_length']} would peak at "
+                 f"{longer['peak_gib']:.2f} GiB{fits}")
+    return text
+
+
+def plan_recipe(recipe, *, gpu_bytes: float | None, config_path: str | None, backend: str | None,
+                run_dir: Path | None = None) -> dict[str, Any]:
     arch = find_architecture(recipe.data["model"]["name"], config_path)
     chosen = planned_backend(recipe.data["model"], backend)
     stages = []
@@ -102,6 +141,10 @@ def plan_recipe(recipe, *, gpu_bytes: float | None, config_path: str | None, bac
         note = tool_note(settings)
         if note:
             entry["tools"] = note
+        measured = None if run_dir is None else measured_truncation(arch, settings, run_dir / stage["name"],
+                                                                    gpu_bytes)
+        if measured:
+            entry["measured"] = measured
         if gpu_bytes:
             entry["fits"] = result.peak <= gpu_bytes
             if not entry["fits"]:
@@ -139,6 +182,8 @@ def print_plan(plan: dict[str, Any], gpu_name: str | None, console) -> None:
         console.print(table)
         if entry.get("tools"):
             console.print(f"  {entry['tools']}", highlight=False, markup=False, soft_wrap=True)
+        if entry.get("measured"):
+            console.print(f"  {measured_text(entry['measured'])}", highlight=False, markup=False, soft_wrap=True)
         if "fits" in entry:
             spare = plan["gpu_gib"] - entry["peak_gib"]
             if entry["fits"]:
@@ -167,17 +212,19 @@ def print_plan(plan: dict[str, Any], gpu_name: str | None, console) -> None:
 
 
 def run_plan(recipe_name: str, overrides: list[str], gpu_memory: str | None, config_path: str | None,
-             backend: str | None, as_json: bool, console) -> None:
+             backend: str | None, as_json: bool, console, output: str | None = None) -> None:
     from kitcli.recipe.load import load_recipe
+    from kitcli.run.runner import choose_run_dir, make_lock
 
     recipe = load_recipe(recipe_name, overrides)
+    run_dir = choose_run_dir(recipe, output, make_lock(recipe))
     gpu_name = None
     gpu_bytes = parse_memory(gpu_memory) if gpu_memory else None
     if gpu_bytes is None:
         detected = detect_gpu()
         if detected:
             gpu_bytes, gpu_name = detected
-    plan = plan_recipe(recipe, gpu_bytes=gpu_bytes, config_path=config_path, backend=backend)
+    plan = plan_recipe(recipe, gpu_bytes=gpu_bytes, config_path=config_path, backend=backend, run_dir=run_dir)
     if as_json:
         click.echo(json.dumps(plan, indent=2))
         return
@@ -194,10 +241,12 @@ def run_plan(recipe_name: str, overrides: list[str], gpu_memory: str | None, con
               help="The model's config.json (or its folder), when kit cannot find it.")
 @click.option("--backend", type=click.Choice(["unsloth", "transformers"]), default=None,
               help="Plan for this backend (default: the recipe's; Unsloth when installed).")
+@click.option("--output", "-o", help="A run directory whose RL stages' filters measured their completions (default: "
+                                     "the one `kit run` would use); their cut share is planned for.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan_command(recipe: str, gpu_memory: str | None, overrides: tuple[str, ...], config_path: str | None,
-                 backend: str | None, as_json: bool) -> None:
+                 backend: str | None, output: str | None, as_json: bool) -> None:
     """Estimate each stage's peak GPU memory and whether it fits; suggest settings when not."""
     from rich.console import Console
 
-    run_plan(recipe, list(overrides), gpu_memory, config_path, backend, as_json, Console(highlight=False))
+    run_plan(recipe, list(overrides), gpu_memory, config_path, backend, as_json, Console(highlight=False), output)

@@ -172,6 +172,7 @@ def run_filter(*, model, tokenizer, rows: list[dict[str, Any]], rewards, stage: 
                             max_new_tokens=max_new_tokens, seed=seed, cache=cache, log=log)
     kept = keep_within(groups, spec["min_pass"], spec["max_pass"])
     record = filter_record(groups, kept, spec, rule.describe, key)
+    record["max_completion_length"] = max_new_tokens  # what "truncated" was measured against (kit plan reads it)
     if cache_dir is not None:
         write_atomic(Path(cache_dir) / SUMMARY_NAME, json.dumps(record, indent=2))
     check_kept(record, needed, where)
