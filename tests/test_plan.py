@@ -147,16 +147,14 @@ def sample_id(value):
     return value.get("variant") or "+".join(value.get("train", {})) or "default"
 
 
-# kitcli/plan/settings.py gives steps_per_generation = gradient_accumulation_steps (1) when train: sizes the generation
-# batch, where TRL derives generation_batch_size / per_device_train_batch_size (4), and `kit plan --json` shows the 1;
-# the estimate itself reads generation_batch_size (32 completions at once, right).
-PLANNED_STEPS_PER_GENERATION_WRONG = pytest.param(
-    "grpo", {**PROMPTS, "train": {"generation_batch_size": 32}}, id="grpo-generation_batch_size-32",
-    marks=pytest.mark.xfail(strict=True, reason="the plan's steps_per_generation ignores train.generation_batch_size"))
+# train: sizes the generation batch: TRL derives steps_per_generation = generation_batch_size / per-device batch
+# (4), which the planner once gave as gradient_accumulation_steps (1).
+GENERATION_BATCH = pytest.param("grpo", {**PROMPTS, "train": {"generation_batch_size": 32}},
+                                id="grpo-generation_batch_size-32")
 
 
 @pytest.mark.parametrize("stage_type, body", [*((t, b) for t, bodies in SAMPLE_STAGES.items() for b in bodies),
-                                              PLANNED_STEPS_PER_GENERATION_WRONG], ids=sample_id)
+                                              GENERATION_BATCH], ids=sample_id)
 def test_planner_settings_are_the_stage_config_on_a_gpu(in_tmp, monkeypatch, stage_type, body):
     """plan's settings are the fields of the trainer config the stage itself builds on a GPU with bfloat16 (read
     after its __post_init__ has run: TRL settles steps_per_generation and generation_batch_size there), not the

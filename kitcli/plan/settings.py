@@ -144,8 +144,10 @@ def stage_settings(recipe, stage: dict[str, Any], backend: str) -> Settings:
         values.update(num_generations=1, max_completion_length=values["response_length"], beta=values["kl_coef"],
                       generation_batch_size=rollout,
                       per_device_train_batch_size=max(1, rollout // int(values["num_mini_batches"])))
-    if spec.rl and values.get("steps_per_generation") is None:  # TRL's rule, and grpo.stage_defaults'
-        values["steps_per_generation"] = values["gradient_accumulation_steps"]
+    if spec.rl and values.get("steps_per_generation") is None:  # TRL's rule (GRPOConfig.__post_init__), one process
+        generation = values.get("generation_batch_size")
+        values["steps_per_generation"] = (int(generation) // int(values["per_device_train_batch_size"]) if generation
+                                          else values["gradient_accumulation_steps"])
     settings = Settings(
         stage_type=stage["type"], backend=backend, load_in_4bit=model["load_in_4bit"] is not False and lora is not None,
         dtype_bytes=DTYPE_BYTES.get(model.get("dtype", "auto"), 2),
