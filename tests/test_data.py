@@ -77,3 +77,18 @@ def test_answers_may_be_numbers_or_lists_and_text_must_be_text(tmp_path):
     with pytest.raises(KitError, match=r"test: row 2 of '.*d.jsonl', column 'prompt' holds int 5; it must be a "
                                        r"string or a list of messages"):
         read_rows({"path": str(path)}, "test")
+
+
+def test_word_problem_splits_share_no_number_pair():
+    """smol-grpo's settings are chosen on the validation split: none of its (a, b) pairs is in the training file or
+    in the held-out set the README reports (and the shipped files are what kitcli/data/synthetic.py writes: see
+    tests/test_tool_recipe.py)."""
+    from helpers import DATA
+
+    def pairs(name: str) -> set[tuple[int, int]]:
+        rows = [json.loads(line) for line in (DATA / name).read_text().splitlines()]
+        return {tuple(int(w) for w in row["question"].split() if w.isdigit())[:2] for row in rows}
+
+    train, held_out = pairs("word_problems_train.jsonl"), pairs("word_problems_eval.jsonl")
+    validation = pairs("word_problems_validation.jsonl")
+    assert len(validation) > 50 and not validation & train and not validation & held_out and not train & held_out

@@ -85,6 +85,10 @@ def harder_problem(rng: random.Random) -> dict:
             "answer": str(answer), "key": (kind, a, b, c)}
 
 
+def held_out_pair(a: int, b: int) -> bool:
+    return (a * 31 + b * 17) % 20 < 3  # a fixed 15% of the (a, b) pairs, never trained on
+
+
 def harder_problems(n_train: int, n_eval: int, seed: int = 7) -> tuple[list[dict], list[dict]]:
     """(training, held-out) problems: the held-out ones use (a, b) number pairs that no training problem has."""
     rng = random.Random(seed)
@@ -92,12 +96,25 @@ def harder_problems(n_train: int, n_eval: int, seed: int = 7) -> tuple[list[dict
     while len(train) < n_train or len(held_out) < n_eval:
         problem = harder_problem(rng)
         _, a, b, _ = problem.pop("key")
-        if (a * 31 + b * 17) % 20 < 3:  # a fixed 15% of the (a, b) pairs is held out
+        if held_out_pair(a, b):
             if len(held_out) < n_eval:
                 held_out.append(problem)
         elif len(train) < n_train:
             train.append(problem)
     return train, held_out
+
+
+def harder_validation(n: int, held_out: list[dict], seed: int = 8) -> list[dict]:
+    """Validation problems, on which smol-grpo's settings are chosen: pairs never trained on that the held-out set
+    does not use either, so choosing settings reads nothing of the set the README reports."""
+    used = {tuple(int(w) for w in p["question"].split() if w.isdigit())[:2] for p in held_out}
+    rng, validation = random.Random(seed), []
+    while len(validation) < n:
+        problem = harder_problem(rng)
+        _, a, b, _ = problem.pop("key")
+        if held_out_pair(a, b) and (a, b) not in used:
+            validation.append(problem)
+    return validation
 
 
 # --- problems for tools (tiny-tools): products the tiny model cannot do in its head, one calculator call away ------
@@ -176,6 +193,7 @@ def write_all(out_dir: Path) -> list[Path]:
     smol_train, smol_eval = harder_problems(1200, 100)
     files["word_problems_train.jsonl"] = smol_train  # plain strings: question, answer (recipes add chat: true)
     files["word_problems_eval.jsonl"] = smol_eval
+    files["word_problems_validation.jsonl"] = harder_validation(100, smol_eval)
     files.update(tool_files())
     for name, rows in files.items():
         write_jsonl(out_dir / name, rows)
