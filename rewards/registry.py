@@ -100,9 +100,10 @@ def entry_points(group: str = ENTRY_POINT_GROUP) -> dict[str, metadata.EntryPoin
     return found
 
 
-def conflicting(name: str) -> list[metadata.EntryPoint]:
+def conflicting(name: str, group: str = ENTRY_POINT_GROUP) -> list[metadata.EntryPoint]:
+    """The entry points of `group` named `name` with different targets (two packages claiming one name)."""
     targets = {}
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+    for ep in metadata.entry_points(group=group):
         if ep.name == name:
             targets.setdefault(ep.value, ep)
     return list(targets.values()) if len(targets) > 1 else []

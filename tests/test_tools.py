@@ -115,6 +115,19 @@ def test_entry_point_plugin(tmp_path_factory, monkeypatch):
     assert "│ shout " in listed and "kit-extra-tools (kit_extra_tools:shout)" in listed and "Say it louder" in listed
 
 
+def test_two_packages_claiming_one_tool_name_is_an_error(tmp_path, monkeypatch):
+    dist = tmp_path / "rival-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rival\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[kit.tools]\ncalculator = rival:calculator\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(KitError) as error:
+        load_tool("calculator", tmp_path, "r.yaml")
+    message = error.value.format_message()
+    assert message.startswith("r.yaml: tool 'calculator' is registered by more than one package: ")
+    assert "rival:calculator (rival)" in message and "tools.builtin:calculator (" in message
+
+
 def test_guard_turns_every_failure_into_a_message():
     def boom(n: int) -> str:
         """Fails.

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kitcli.errors import KitError, closest
-from rewards.registry import distribution_name, factory_args, load_named
+from rewards.registry import conflicting, distribution_name, factory_args, load_named
 from rewards.registry import entry_points as entry_points_in
 
 ENTRY_POINT_GROUP = "kit.tools"
@@ -116,6 +116,11 @@ def find_object(name: str, base_dir: Path, where: str, what: str = "tool") -> tu
         hint = f" Did you mean '{near[0]}'?" if near else ""
         raise KitError(f"{where}: unknown tool '{name}'.{hint} Known tools: {', '.join(sorted(eps)) or 'none'} (or "
                        f"give module:function or path/to/file.py:function; `kit tools list` describes them)")
+    clash = conflicting(name, ENTRY_POINT_GROUP)
+    if clash:
+        listed = "; ".join(f"{ep.value} ({distribution_name(ep)})" for ep in clash)
+        raise KitError(f"{where}: tool '{name}' is registered by more than one package: {listed}; uninstall one, or "
+                       f"name the function you mean as module:function")
     try:
         return eps[name].load(), f"entry point {eps[name].value}"
     except Exception as error:
