@@ -81,8 +81,8 @@ def test_answers_may_be_numbers_or_lists_and_text_must_be_text(tmp_path):
 
 def test_word_problem_splits_share_no_number_pair():
     """smol-grpo's settings are chosen on the validation split: none of its (a, b) pairs is in the training file or
-    in the held-out set the README reports (and the shipped files are what kitcli/data/synthetic.py writes: see
-    tests/test_tool_recipe.py)."""
+    in the held-out set the README reports, and the prompts GRPO reads hold neither split's pairs nor a question of
+    SFT's (the shipped files are what kitcli/data/synthetic.py writes: see tests/test_tool_recipe.py)."""
     from helpers import DATA
 
     def pairs(name: str) -> set[tuple[int, int]]:
@@ -92,3 +92,10 @@ def test_word_problem_splits_share_no_number_pair():
     train, held_out = pairs("word_problems_train.jsonl"), pairs("word_problems_eval.jsonl")
     validation = pairs("word_problems_validation.jsonl")
     assert len(validation) > 50 and not validation & train and not validation & held_out and not train & held_out
+    prompts = pairs("word_problems_prompts.jsonl")  # GRPO reads the first 600; SFT the first 400 of train
+    assert not prompts & held_out and not prompts & validation
+
+    def questions(name: str, limit: int | None = None) -> set[str]:
+        return {json.loads(line)["question"] for line in (DATA / name).read_text().splitlines()[:limit]}
+
+    assert not questions("word_problems_prompts.jsonl", 600) & questions("word_problems_train.jsonl", 400)
