@@ -192,7 +192,7 @@ def write_all(out_dir: Path) -> list[Path]:
     }
     smol_train, smol_eval = harder_problems(2200, 100)  # the first 1,200 as before: the same stream, longer
     files["word_problems_train.jsonl"] = smol_train[:1200]  # plain strings: question, answer (recipes add chat: true)
-    files["word_problems_prompts.jsonl"] = smol_train[1200:]  # for RL: training pairs, problems SFT never saw
+    files["word_problems_prompts.jsonl"] = smol_train[1200:]  # for RL: training pairs, drawn after SFT's rows
     files["word_problems_eval.jsonl"] = smol_eval
     files["word_problems_validation.jsonl"] = harder_validation(100, smol_eval)
     files.update(tool_files())
