@@ -232,6 +232,9 @@ def batch_findings(ctx: StageContext, rows: int, values: dict[str, Any]) -> list
     total = max_steps if max_steps > 0 else math.ceil(float(values.get("num_train_epochs", 1)) * per_epoch)
     epochs = total / per_epoch if per_epoch else 0
     figures = f"{rows} rows, {per_epoch:g} steps per epoch, {total} steps ({epochs:.2f} epochs)"
+    if ctx.stage.get("filter"):  # how many it keeps is known only once the starting policy is sampled
+        figures += (" before the filter, which keeps only the prompts the starting policy passes sometimes (--signal "
+                    "or the run's filter says how many)")
     if total <= 0:
         found.append(Finding(stage, "steps", "warn", figures, "trains zero steps; set train.max_steps or give "
                                                                    "more rows"))
