@@ -99,3 +99,16 @@ def test_word_problem_splits_share_no_number_pair():
         return {json.loads(line)["question"] for line in (DATA / name).read_text().splitlines()[:limit]}
 
     assert not questions("word_problems_prompts.jsonl", 600) & questions("word_problems_train.jsonl", 400)
+
+
+@pytest.mark.parametrize("name", ["text", "json", "parquet"])
+def test_a_datasets_file_loader_name_is_refused_not_run_on_the_working_directory(name, tmp_path, monkeypatch):
+    """`data: text` is not a file and would reach datasets.load_dataset("text"), which reads every file under the
+    working directory as lines of text (31 s in a checkout with its .venv, found by the seeded recipe mutations)."""
+    from helpers import fails, write_recipe
+
+    (tmp_path / "notes.txt").write_text("a line that is not a dataset row\n")
+    monkeypatch.chdir(tmp_path)
+    recipe = write_recipe(tmp_path / "r.yaml", [{"name": "sft", "type": "sft", "data": name}])
+    line = fails("run", recipe, "--dry-run")
+    assert f"data '{name}' is neither a file here nor a hub dataset" in line and "data/train.jsonl" in line

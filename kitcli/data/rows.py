@@ -153,7 +153,12 @@ def read_json(path: Path) -> list[dict[str, Any]]:
 
 def read_hub(spec: dict[str, Any], where: str) -> list[dict[str, Any]]:
     import datasets
+    from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
 
+    if spec["path"] in _PACKAGED_DATASETS_MODULES:  # load_dataset("text") reads every file under the working directory
+        raise KitError(f"{where}: data '{spec['path']}' is neither a file here nor a hub dataset: it names one of the "
+                       f"`datasets` library's file loaders, which would read every file under {Path.cwd()}; give the "
+                       f"path of a data file (e.g. data/train.jsonl) or a hub dataset name (e.g. trl-lib/tldr)")
     try:
         dataset = datasets.load_dataset(spec["path"], spec.get("config"), split=spec.get("split") or "train")
     except Exception as error:  # noqa: BLE001  (a library's error for a missing or unreadable dataset)
