@@ -251,3 +251,25 @@ def test_large_data_is_measured_on_an_even_sample_and_says_so(tmp_path):
     assert found[("sft", "lengths")].figures == "1,000 of 3,000 rows, evenly spaced"
     whole = found[("sft", "whole rows")]
     assert whole.level == "warn" and whole.verdict.startswith("33% of 1000 would be cut"), whole.line()
+
+
+def test_remembered_renders_and_counts_are_what_the_tokenizer_gives():
+    """kit check remembers each text's token count and each conversation's rendering per tokenizer (a dry run of
+    several stages, or the seeded mutations, renders each row once): what it returns is the tokenizer's own answer,
+    and a changed chat template is rendered again."""
+    from kitcli.run.check import Renderer, load_tokenizer
+
+    tokenizer = load_tokenizer("tiny")
+    chat = [{"role": "user", "content": "What is 2+3?"}]
+    rendered = Renderer(tokenizer).prompt(chat)
+    assert rendered == tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    texts = [rendered, "5", rendered]
+    direct = [len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
+    assert Renderer(tokenizer).counts(texts) == direct and Renderer(tokenizer).counts(texts) == direct
+    original = tokenizer.chat_template
+    try:
+        tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        assert Renderer(tokenizer).prompt(chat) == "What is 2+3?"
+    finally:
+        tokenizer.chat_template = original
+    assert Renderer(tokenizer).prompt(chat) == rendered
