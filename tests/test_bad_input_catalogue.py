@@ -298,6 +298,9 @@ CASES = [
     Case("data-prompt-bool-grpo", lambda t: ["run", recipe(t, stages=[{
         "name": "g", "type": "grpo", "rewards": ["exact_match"],
         "data": data_file(t, '{"prompt": true, "answer": "1"}\n')}])], "column 'prompt' holds bool true"),
+    Case("data-loader-name", lambda t: ["run", recipe(t, stages=[{"name": "s", "type": "sft", "data": "text"}])],
+         "data 'text' is neither a file here nor a hub dataset", ["`datasets` library's file loaders",
+                                                                 "e.g. data/train.jsonl"]),
     # --- models and trackers that are not here ---------------------------------------------------------------
     Case("model-hub-offline", lambda t: ["run", recipe(t, model={"name": "someorg/not-cached-model"})],
          "model 'someorg/not-cached-model' is not in the local Hugging Face cache",
