@@ -32,13 +32,13 @@ def check_command(recipe: str, overrides: tuple[str, ...], signal: int | None, o
 
     from kitcli.recipe.load import load_recipe
     from kitcli.run.check import check_recipe, enforce, findings_table
-    from kitcli.run.runner import choose_run_dir, make_lock
+    from kitcli.run.runner import choose_run_dir
 
     if signal is not None and signal < 1:
         raise KitError(f"--signal {signal}: give the number of prompts to sample (at least 1), e.g. --signal 16")
     loaded = load_recipe(recipe, list(overrides))
     console = Console(stderr=as_json, highlight=False)
-    run_dir = choose_run_dir(loaded, output, make_lock(loaded))
+    run_dir = choose_run_dir(loaded, output)
     findings = check_recipe(loaded, run_dir=run_dir, console=console)
     figures = {}
     if signal:

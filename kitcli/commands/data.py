@@ -83,7 +83,7 @@ def filter_rows(recipe: str, stage: str, output: Path, run_dir: str | None, over
     from kitcli.recipe.load import load_recipe
     from kitcli.recipe.stage_context import StageContext
     from kitcli.run.check import resolved_values
-    from kitcli.run.runner import choose_run_dir, make_lock
+    from kitcli.run.runner import choose_run_dir
     from kitcli.run.signal_check import starting_policy
     from kitcli.rundir import RunDir
     from kitcli.training.filtering import filter_dir, run_filter
@@ -104,7 +104,7 @@ def filter_rows(recipe: str, stage: str, output: Path, run_dir: str | None, over
     if not Path(spec["data"]["path"]).is_file():
         raise KitError(f"{loaded.source}: stage '{stage}' reads a hub dataset; kit data filter needs a local file")
     spec.setdefault("filter", {"k": 8, "min_pass": 0.1, "max_pass": 0.9})
-    folder = choose_run_dir(loaded, run_dir, make_lock(loaded))
+    folder = choose_run_dir(loaded, run_dir)
     console = Console(stderr=True, highlight=False)
     ctx = StageContext(loaded, spec, folder, console, {s: folder / s for s in names})
     init_dir, why_not = starting_policy(ctx)

@@ -115,7 +115,7 @@ def launch(recipe, recipe_arg: str, *, output: str | None, overrides: list[str],
     from kitcli.run import runner
 
     check_request(recipe, num_processes=num_processes, deepspeed=deepspeed, fsdp=fsdp, cpu=cpu)
-    run_dir = Path(output) if output else runner.choose_run_dir(recipe, None, runner.make_lock(recipe))
+    run_dir = Path(output) if output else runner.choose_run_dir(recipe, None)
     holder = lock_holder(RunDir(run_dir))  # the main process takes the lock; refuse here before starting N processes
     if holder is not None:
         raise in_use(RunDir(run_dir), holder)

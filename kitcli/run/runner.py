@@ -96,8 +96,10 @@ def same_run(lock: dict[str, Any], fresh: dict[str, Any]) -> str | None:
     return found[0] if found else None
 
 
-def choose_run_dir(recipe: Recipe, output: str | None, lock: dict[str, Any]) -> Path:
-    """`--output`, else the newest runs/<name>-* holding the same recipe (so re-running resumes), else a new one."""
+def choose_run_dir(recipe: Recipe, output: str | None, lock: dict[str, Any] | None = None) -> Path:
+    """`--output`, else the newest runs/<name>-* holding the same recipe (so re-running resumes), else a new one.
+    `lock` is the recipe's make_lock(); without it, it is made only when an existing run must be compared (it
+    hashes the data files, which `kit plan` and the other reading commands need not do otherwise)."""
     if output:
         return Path(output)
     runs = Path("runs")
@@ -105,8 +107,10 @@ def choose_run_dir(recipe: Recipe, output: str | None, lock: dict[str, Any]) -> 
     if runs.is_dir():
         for candidate in sorted((p for p in runs.iterdir() if pattern.match(p.name)), reverse=True):
             existing = RunDir(candidate).read_lock()
-            if existing and same_run(existing, lock) is None:
-                return candidate
+            if existing:
+                lock = lock if lock is not None else make_lock(recipe)
+                if same_run(existing, lock) is None:
+                    return candidate
     return runs / f"{recipe.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
