@@ -138,3 +138,13 @@ def install_plugin_package(root: Path, name: str, group: str, entries: dict[str,
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
                     "--target", str(root / "site"), str(source)], check=True, capture_output=True, timeout=120)
     return root / "site"
+
+
+def rival_distribution(root: Path, group: str, name: str) -> Path:
+    """A bare dist-info of a package 'rival' that registers `name` in the entry-point `group` for rival:`name`
+    (another target than the kit's own): put the returned folder on sys.path to make the name claimed twice."""
+    dist = root / "rival-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rival\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[{group}]\n{name} = rival:{name}\n")
+    return root

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import DATA, TINY_MODEL, install_plugin_package, run_cli, write_recipe
+from helpers import DATA, TINY_MODEL, install_plugin_package, rival_distribution, run_cli, write_recipe
 
 from kitcli.errors import KitError
 from kitcli.recipe.load import load_recipe
@@ -140,11 +140,7 @@ def test_kit_rewards_list_in_a_fresh_process_sees_the_package(extra_rewards_pack
 
 
 def test_two_packages_claiming_one_name_is_an_error(tmp_path, monkeypatch):
-    dist = tmp_path / "rival-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rival\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[kit.rewards]\nexact_match = rival:exact_match\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(rival_distribution(tmp_path, "kit.rewards", "exact_match")))
     with pytest.raises(KitError, match="'exact_match' is registered by more than one package: .*rival"):
         load_reward("exact_match", tmp_path)
 

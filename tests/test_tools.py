@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import fails, install_plugin_package, run_cli
+from helpers import fails, install_plugin_package, rival_distribution, run_cli
 from tool_helpers import copy_plugins, schema_line
 
 from kitcli.errors import KitError
@@ -116,11 +116,7 @@ def test_entry_point_plugin(tmp_path_factory, monkeypatch):
 
 
 def test_two_packages_claiming_one_tool_name_is_an_error(tmp_path, monkeypatch):
-    dist = tmp_path / "rival-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rival\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[kit.tools]\ncalculator = rival:calculator\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(rival_distribution(tmp_path, "kit.tools", "calculator")))
     with pytest.raises(KitError) as error:
         load_tool("calculator", tmp_path, "r.yaml")
     message = error.value.format_message()
