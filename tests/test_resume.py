@@ -9,8 +9,9 @@ that cannot resume faithfully is refused.
 Each uninterrupted run happens once per stage type (in-process, through the CLI) and keeps every checkpoint. A run
 killed right after checkpoint N is that run's directory cut back to checkpoint N (as_killed_after_checkpoint: the
 bytes a killed process leaves, without starting one); real processes are killed where the kill itself matters:
-inside a checkpoint write (every sampling type, SIGKILL), on SIGINT / SIGTERM, and twice in a row. Resumes run
-in-process."""
+inside a checkpoint write (every sampling type, SIGKILL), on SIGINT / SIGTERM, and twice in a row. Those processes
+are forked from the test process (tests/forked.py: a real process, without a fresh interpreter's 7 s of imports).
+Resumes run in-process."""
 
 from __future__ import annotations
 
@@ -19,13 +20,12 @@ import math
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from forked import KitProcess
 from helpers import DATA, done, metrics, run_cli, snapshot, write_recipe
 from safetensors.torch import load_file
 
@@ -87,29 +87,19 @@ def varied(prompts, completions, **kwargs):  # a dense reward, so every group ha
 """
 # Logged values that depend on the wall clock or on what one process did, not on the training.
 NOT_COMPARED = ("time", "runtime", "per_second", "seconds", "step_time", "train_loss", "epoch")
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
-# Run as `python DIE_IN_CHECKPOINT run ...`: `kit run`, whose process group kills itself (SIGKILL) right after the
-# first torch.save into the checkpoint folder KIT_TEST_DIE_IN names (the weights and optimizer written, the rest not).
-DIE_IN_CHECKPOINT = """
-import os, runpy, signal
-from pathlib import Path
+def die_in_checkpoint(target: str) -> None:
+    """In the `kit run` child (tests/forked.py): SIGKILL its process group right after the first torch.save into
+    the checkpoint folder `target` (the weights and optimizer written, the rest not)."""
+    save = torch.save
 
-import torch
+    def save_then_die(obj, f, *args, **kwargs):
+        save(obj, f, *args, **kwargs)
+        if isinstance(f, (str, os.PathLike)) and Path(f).parent.name.split(".")[0] == target:
+            os.killpg(0, signal.SIGKILL)
 
-target, save = os.environ["KIT_TEST_DIE_IN"], torch.save
-
-
-def save_then_die(obj, f, *args, **kwargs):
-    save(obj, f, *args, **kwargs)
-    if isinstance(f, (str, os.PathLike)) and Path(f).parent.name.split(".")[0] == target:
-        os.killpg(0, signal.SIGKILL)
-
-
-torch.save = save_then_die
-runpy.run_module("kitcli", run_name="__main__", alter_sys=True)
-"""
+    torch.save = save_then_die
 
 
 def stage(stage_type: str) -> dict:
@@ -140,16 +130,11 @@ def uninterrupted(tmp_path_factory, tiny_model_dir):
     return get
 
 
-def kit(*args) -> list[str]:
-    return [sys.executable, "-m", "kitcli", *map(str, args)]
+def start(recipe: Path, run_dir: Path, log: Path) -> KitProcess:
+    return KitProcess(["run", recipe, "--output", run_dir], log)
 
 
-def start(recipe: Path, run_dir: Path, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(kit("run", recipe, "--output", run_dir), stdout=open(log, "a"), stderr=subprocess.STDOUT,
-                            env=ENV, start_new_session=True)
-
-
-def wait_for_checkpoint(process: subprocess.Popen, stage_dir: Path, step: int, log: Path) -> None:
+def wait_for_checkpoint(process: KitProcess, stage_dir: Path, step: int, log: Path) -> None:
     marker = stage_dir / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json"
     deadline = time.time() + 240
     while not marker.exists():
@@ -162,8 +147,7 @@ def kill_after_checkpoint(recipe: Path, run_dir: Path, step: int) -> None:
     log = run_dir.parent / "killed.log"
     process = start(recipe, run_dir, log)
     wait_for_checkpoint(process, run_dir / "x", step, log)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    process.kill_group()
     assert not (run_dir / "x" / "DONE").exists(), "the stage finished before the kill"
 
 
@@ -194,14 +178,10 @@ def as_killed_after_checkpoint(whole: Path, run_dir: Path, step: int) -> None:
 
 
 def die_in_checkpoint_write(recipe: Path, run_dir: Path, step: int) -> None:
-    script = run_dir.parent / "die_in_checkpoint.py"
-    script.write_text(DIE_IN_CHECKPOINT)
     log = run_dir.parent / "killed.log"
-    with open(log, "a") as out:
-        process = subprocess.Popen([sys.executable, str(script), "run", str(recipe), "--output", str(run_dir)],
-                                   stdout=out, stderr=subprocess.STDOUT, env={**ENV, "KIT_TEST_DIE_IN":
-                                   f"checkpoint-{step}"}, start_new_session=True)
-        assert process.wait(timeout=600) == -signal.SIGKILL, log.read_text()[-3000:]
+    process = KitProcess(["run", recipe, "--output", run_dir], log,
+                         before=["test_resume:die_in_checkpoint", f"checkpoint-{step}"])
+    assert process.wait(timeout=600) == -signal.SIGKILL, log.read_text()[-3000:]
     half = [p for p in (run_dir / "x" / "checkpoints").iterdir() if p.name.split(".")[0] == f"checkpoint-{step}"]
     assert half and not (half[0] / "trainer_state.json").exists(), "it did not die inside the checkpoint write"
     assert not (run_dir / "x" / "DONE").exists()
@@ -307,8 +287,7 @@ def test_clean_stop_saves_a_checkpoint_and_resumes_exactly(signum, stage_type, u
     whole = uninterrupted(stage_type)
     recipe = make_recipe(tmp_path, stage_type)
     run_dir = tmp_path / "run"
-    command = kit("run", recipe, "--output", run_dir)
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    process = KitProcess(["run", recipe, "--output", run_dir], tmp_path / "out.txt", tmp_path / "err.txt")
     trained = run_dir / "x" / "metrics.jsonl"
     deadline = time.time() + 240
     while not (trained.exists() and any(json.loads(line).get("step") == 1 for line in trained.read_text().splitlines()
@@ -316,7 +295,8 @@ def test_clean_stop_saves_a_checkpoint_and_resumes_exactly(signum, stage_type, u
         assert process.poll() is None and time.time() < deadline
         time.sleep(0.02)
     process.send_signal(signum)
-    out, err = process.communicate(timeout=240)
+    process.wait(timeout=240)
+    out, err = (tmp_path / "out.txt").read_text(), (tmp_path / "err.txt").read_text()
     assert process.returncode == 130, out + err
     assert f"stopped by {signal.Signals(signum).name}" in err and "run the same command again to resume" in err
     assert "Traceback" not in err

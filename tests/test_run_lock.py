@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from forked import KitProcess
 from helpers import DATA, fails, run_cli, write_recipe
 
 from kitcli.commands.cli import main
@@ -42,7 +43,7 @@ def hold(run_dir: Path) -> subprocess.Popen:
     return process
 
 
-def wait_for_holder(process: subprocess.Popen, run_dir: Path, log: Path, seconds: float = 120) -> dict:
+def wait_for_holder(process: KitProcess, run_dir: Path, log: Path, seconds: float = 120) -> dict:
     deadline = time.time() + seconds
     while time.time() < deadline:
         holder = lock_holder(RunDir(run_dir))
@@ -53,6 +54,21 @@ def wait_for_holder(process: subprocess.Popen, run_dir: Path, log: Path, seconds
     raise AssertionError(f"no lock on {run_dir} after {seconds} s:\n{log.read_text()}")
 
 
+def hold_stages(gate: str) -> None:
+    """In the first `kit run` (tests/forked.py): start no stage until the file `gate` exists, so the second run
+    meets a run that holds the directory (a forked run takes the lock and trains its 6 steps in about a second)."""
+    from kitcli.run import runner
+
+    run_stage, deadline = runner.run_stage, time.time() + 120
+
+    def gated(ctx):
+        while not os.path.exists(gate) and time.time() < deadline:
+            time.sleep(0.02)
+        return run_stage(ctx)
+
+    runner.run_stage = gated
+
+
 @pytest.fixture(scope="module")
 def raced(tmp_path_factory):
     """Two real `kit run` processes on one directory (the second started while the first trains), and a lone run of
@@ -60,16 +76,16 @@ def raced(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("raced")
     recipe = write_recipe(tmp / "r.yaml", [SFT], name="raced")
     shared, lone, log = tmp / "shared", tmp / "lone", tmp / "first.log"
-    with open(log, "w") as out:
-        first = subprocess.Popen(kit("run", recipe, "--output", shared, "--quiet"), stdout=out,
-                                 stderr=subprocess.STDOUT, env=ENV)
-        holder = wait_for_holder(first, shared, log)
-        started = time.time()
-        second = subprocess.run(kit("run", recipe, "--output", shared, "--quiet"), capture_output=True, text=True,
-                                env=ENV)
-        refused_in = time.time() - started
-        first_alive = first.poll() is None  # the refusal must have met a running first run, or it proves nothing
-        assert first.wait(timeout=300) == 0, log.read_text()
+    gate = tmp / "go"
+    first = KitProcess(["run", recipe, "--output", shared, "--quiet"], log, before=["test_run_lock:hold_stages", gate])
+    holder = wait_for_holder(first, shared, log)
+    started = time.time()
+    second = subprocess.run(kit("run", recipe, "--output", shared, "--quiet"), capture_output=True, text=True,
+                            env=ENV)  # a fresh interpreter: the refusal comes before any library loads
+    refused_in = time.time() - started
+    first_alive = first.poll() is None  # the refusal must have met a running first run, or it proves nothing
+    gate.touch()
+    assert first.wait(timeout=300) == 0, log.read_text()
     run_cli("run", recipe, "--output", lone, "--quiet")  # in this process: the same code, the same bytes
     return {"shared": shared, "lone": lone, "holder": holder, "second": second, "refused_in": refused_in,
             "first_alive": first_alive, "first_pid": first.pid, "tmp": tmp}
