@@ -22,10 +22,15 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs two pytest-xdist workers on a 2-core machine: one torch thread each (and in the `kit run`
     # subprocesses they start), or OpenMP threads of the two workers fight for the cores and both run far slower.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-if importlib.util.find_spec("unsloth") is not None:
-    import unsloth  # noqa: F401  (must precede trl / transformers / peft, as in a real run)
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def pytest_configure(config):
+    """Import unsloth before any test module imports trl / transformers / peft, as in a real run; not in the
+    pytest-xdist controller, which runs no test (the import costs 7 s there, before any worker starts)."""
+    controller = bool(getattr(config.option, "numprocesses", None)) and not os.environ.get("PYTEST_XDIST_WORKER")
+    if not controller and importlib.util.find_spec("unsloth") is not None:
+        import unsloth  # noqa: F401
 
 
 FAMILIES = ("trl", "unsloth")

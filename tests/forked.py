@@ -136,7 +136,5 @@ class KitProcess:
 
 
 if __name__ == "__main__":  # the fresh-interpreter form: python tests/forked.py '{"args": [...], "before": [...]}'
-    import conftest  # noqa: F401  (the test environment: KIT_HOME, unsloth imported first)
-
     spec = json.loads(sys.argv[1])
     sys.exit(run_child(spec["args"], spec["before"]))
