@@ -36,8 +36,8 @@ def test_shipped_tiny_recipe_has_no_warning_and_its_figures():
 def test_a_filtered_stage_says_its_epochs_are_counted_before_the_filter():
     found = findings(Path("recipes/smol-grpo.yaml"))
     assert not [f for f in found.values() if f.level == "warn"], [f.line() for f in found.values()]
-    # 600 prompts x 4 samples / 32 completions per step = 75 steps per epoch; 40 steps, before the filter
-    assert found[("grpo", "steps")].figures.startswith("600 rows, 75 steps per epoch, 40 steps (0.53 epochs) before "
+    # 600 prompts x 4 samples / 32 completions per step = 75 steps per epoch; 60 steps, before the filter
+    assert found[("grpo", "steps")].figures.startswith("600 rows, 75 steps per epoch, 60 steps (0.80 epochs) before "
                                                         "the filter, which keeps only the prompts")
     assert "before the filter" not in findings(Path("recipes/tiny-grpo.yaml"))[("grpo", "steps")].figures
 
