@@ -71,8 +71,8 @@ def hold_stages(gate: str) -> None:
 
 @pytest.fixture(scope="module")
 def raced(tmp_path_factory):
-    """Two real `kit run` processes on one directory (the second started while the first trains), and a lone run of
-    the same recipe in another directory."""
+    """Two real `kit run` processes on one directory (the second started while the first holds it, held at its first
+    stage until then), and a lone run of the same recipe in another directory."""
     tmp = tmp_path_factory.mktemp("raced")
     recipe = write_recipe(tmp / "r.yaml", [SFT], name="raced")
     shared, lone, log = tmp / "shared", tmp / "lone", tmp / "first.log"
@@ -94,7 +94,7 @@ def raced(tmp_path_factory):
 @pytest.mark.slow
 def test_second_run_is_refused_and_the_first_ends_as_a_lone_run_would(raced):
     second = raced["second"]
-    assert raced["first_alive"], "the first run ended before the second was refused; lengthen its stage"
+    assert raced["first_alive"], "the first run ended before the second was refused; see hold_stages"
     assert second.returncode == 2, second.stdout + second.stderr
     output = second.stdout + second.stderr
     assert "Traceback" not in output

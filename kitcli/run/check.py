@@ -135,6 +135,7 @@ def is_chat(value: Any) -> bool:
 
 
 MEMO_LIMIT = 200_000  # texts (and rendered conversations) remembered per tokenizer
+MEMOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> its remembered counts and renders
 
 
 class Renderer:
@@ -178,9 +179,6 @@ class Renderer:
                 (reply if is_chat(reply) else [{"role": "assistant", "content": str(reply)}])
             return self.render(turns, tools, False)
         return str(prompt) + str(reply) + (self.tokenizer.eos_token or "" if eos else "")
-
-
-MEMOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 # --- the checks --------------------------------------------------------------------------------------------------
