@@ -114,7 +114,8 @@ def test_a_tools_stage_dry_run_lists_tools_and_iterations(plugins):
      "max_tool_calling_iterations only matters when the model can call tools"),
     (grpo(data={"path": str(DATA / "word_problems_train.jsonl"), "columns": {"question": "prompt"}}),
      "plain-text prompts; set data: {chat: true}"),
-    (grpo(filter={"k": 4}), "filter: samples the starting policy without tools"),
+    (grpo(filter={"k": 4}, environment="my_tools.py:Counter"), "filter: samples the starting policy with the "
+                                                               "stage's tools: but cannot run an environment:"),
 ])
 def test_bad_tool_stages(plugins, stage, fragment):
     line = fails("run", write_recipe(plugins / "r.yaml", [stage]), "--dry-run")
@@ -259,9 +260,10 @@ def f(x: str) -> str:
 @pytest.fixture(scope="module")
 def tool_caller(tmp_path_factory):
     """SFT on 36 traces of one tool call (`f(x)` answers x followed by 7; the right answer is the tool's result),
-    then an eval with f, an eval with an f that fails on 4 and 5, and two near-greedy GRPO steps with f: the tiny
-    model learns to call the tool in 150 steps, about 20 s (here: exact match 0/9 without tools, 9/9 with; GRPO's
-    completions all call f and score 1.0)."""
+    then an eval with f, an eval with an f that fails on 4 and 5, and two near-greedy GRPO steps with f, after a
+    difficulty filter that keeps every prompt (it samples with f live): the tiny model learns to call the tool in
+    150 steps, about 20 s (here: exact match 0/9 without tools, 9/9 with; GRPO's completions all call f and score
+    1.0)."""
     root = copy_plugins(tmp_path_factory.mktemp("tool_caller"))
     (root / "broken_tools.py").write_text(BROKEN_F)
     schema = load_tool("my_tools.py:f", root).schema
@@ -281,7 +283,8 @@ def tool_caller(tmp_path_factory):
         {**evaluation, "name": "eval-tools", "tools": ["my_tools.py:f"]},
         {**evaluation, "name": "eval-broken", "tools": ["broken_tools.py:f"]},
         {"name": "grpo", "type": "grpo", "init": "sft", "data": str(root / "q.jsonl"), "rewards": ["exact_match"],
-         "tools": ["my_tools.py:f"], "train": {**SMALL_GRPO, "max_completion_length": 128, "temperature": 0.01}}],
+         "tools": ["my_tools.py:f"], "filter": {"k": 2, "min_pass": 0.0, "max_pass": 1.0},
+         "train": {**SMALL_GRPO, "max_completion_length": 128, "temperature": 0.01}}],
         model=model, lora={"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": [
             "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}, seed=1)
     run_cli("run", recipe, "--output", root / "run")
@@ -309,6 +312,24 @@ def test_grpo_makes_and_runs_tool_calls(tool_caller):
     assert len(logged) == 2 and all(row["tools/call_frequency"] >= 0.5 for row in logged), logged
     assert all(row["tools/failure_frequency"] == 0 for row in logged)
     assert max(row["reward"] for row in logged) > 0  # the final answer after the tool turn, scored by exact_match
+
+
+@pytest.mark.slow
+def test_the_difficulty_filter_samples_with_the_tools_live(tool_caller):
+    """The model answers q1..q9 only through f (0/9 without it): the GRPO stage's filter and `kit check --signal`,
+    sampling with f live, find every prompt passed, and `kit data filter` with an f that fails on 4 and 5 keeps
+    exactly those two."""
+    record = json.loads((tool_caller / "grpo" / "DONE").read_text())["filter"]
+    assert record["prompts"] == record["kept"] == 9 and record["pass_rate_histogram_before"][-1] == 9, record
+    assert record["truncated_share_before"] == 0
+    checked = run_cli("check", tool_caller.parent / "r.yaml", "--signal", "9", "--output", tool_caller, "--json")
+    signal = json.loads(checked.stdout.splitlines()[-1])["signal"]["grpo"]
+    assert signal["pass_rate_mean"] == 1.0 and signal["zero_variance_none_passed"] == 0, signal
+    kept = tool_caller.parent / "kept.jsonl"
+    run_cli("data", "filter", tool_caller.parent / "r.yaml", "grpo", "--output", kept, "--run-dir", tool_caller,
+            "--set", "stages.grpo.tools=[broken_tools.py:f]",
+            "--set", "stages.grpo.filter={k: 2, min_pass: 0.0, max_pass: 0.5}")
+    assert [json.loads(line)["answer"] for line in kept.read_text().splitlines()] == ["47", "57"]
 
 
 @pytest.mark.slow

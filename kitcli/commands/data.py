@@ -87,6 +87,7 @@ def filter_rows(recipe: str, stage: str, output: Path, run_dir: str | None, over
     from kitcli.run.signal_check import starting_policy
     from kitcli.rundir import RunDir
     from kitcli.training.filtering import filter_dir, run_filter
+    from kitcli.training.tool_use import stage_toolbox
     from rewards.registry import load_rewards
 
     if output.suffix.lower() != ".jsonl":
@@ -115,10 +116,12 @@ def filter_rows(recipe: str, stage: str, output: Path, run_dir: str | None, over
     with libraries.library_output():
         policy = load_stage_policy(ctx.model, lora=None, seed=ctx.seed, init_from=init_dir, trainable=False,
                                    log=ctx.log, label="starting policy")
+    values = resolved_values(ctx)
     kept, record = run_filter(model=policy.model, tokenizer=policy.tokenizer, rows=rows, rewards=rewards, stage=spec,
-                              model_name=ctx.model["name"], init_dir=init_dir, values=resolved_values(ctx),
+                              model_name=ctx.model["name"], init_dir=init_dir, values=values,
                               seed=ctx.seed, where=ctx.where, needed=1, log=ctx.log,
-                              cache_dir=filter_dir(ctx.stage_dir) if RunDir(folder).is_run() else None)
+                              cache_dir=filter_dir(ctx.stage_dir) if RunDir(folder).is_run() else None,
+                              toolbox=stage_toolbox(ctx, policy.tokenizer, values))
     raw = read_file(Path(spec["data"]["path"]))[: spec["data"].get("limit") or None]
     index = {id(row): i for i, row in enumerate(rows)}
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -64,8 +64,8 @@ class ToolsSection(FilteredSection):
         return value
 
     @model_validator(mode="after")
-    def no_filter_with_tools(self):
-        if (self.tools or self.environment) and self.filter is not None:
-            raise fail("filter: samples the starting policy without tools, so its pass rates would not be this "
-                       "stage's; remove filter: (or the tools)")
+    def no_filter_with_environment(self):
+        if self.environment and self.filter is not None:
+            raise fail("filter: samples the starting policy with the stage's tools: but cannot run an environment: "
+                       "(TRL makes one instance per rollout); remove filter: (or the environment)")
         return self

@@ -2,7 +2,8 @@
 
 For each grpo / gspo / rloo stage with reward functions: load the stage's starting policy (the base model, or the
 output of its `init:` stage in the run directory `kit run` would use), sample k completions (the stage's
-`filter.k`, else its num_generations) for its first N prompts at the stage's own sampling settings, score them
+`filter.k`, else its num_generations) for its first N prompts at the stage's own sampling settings (with its
+`tools:` live, as it trains), score them
 with its rewards (kitcli/training/signal.py) and report the share of groups with zero reward variance (and why:
 all solved, none solved, truncated), the reward mean and spread, the share truncated at max_completion_length,
 each reward's distribution and, for a stage with `filter:`, the same figures after filtering. A stage whose
@@ -45,6 +46,7 @@ def stage_signal(ctx: StageContext, prompts: int, log) -> tuple[list[Finding], d
     from kitcli.models.backend import load_stage_policy
     from kitcli.training.filtering import filter_record, keep_within, measure_groups, sampling_settings
     from kitcli.training.signal import pass_rule, summarize, why_no_signal
+    from kitcli.training.tool_use import stage_toolbox
     from rewards.registry import load_rewards
 
     stage = ctx.name
@@ -52,6 +54,8 @@ def stage_signal(ctx: StageContext, prompts: int, log) -> tuple[list[Finding], d
     if not rewards:
         return [Finding(stage, "reward signal", "info", "", "a reward model only: not measured")], None
     init_dir, why_not = starting_policy(ctx)
+    if ctx.stage.get("environment"):
+        why_not = "its environment: cannot run outside the trainer (TRL makes one instance per rollout)"
     if why_not:
         return [Finding(stage, "reward signal", "info", "", f"not measured: {why_not}")], None
     values = resolved_values(ctx)
@@ -64,7 +68,8 @@ def stage_signal(ctx: StageContext, prompts: int, log) -> tuple[list[Finding], d
     loaded = load_stage_policy(ctx.model, lora=None, seed=ctx.seed, init_from=init_dir, trainable=False, log=log,
                                label="starting policy")
     groups = measure_groups(loaded.model, loaded.tokenizer, rows, rewards, rule, k=k, sampling=sampling,
-                            max_new_tokens=max_new_tokens, seed=ctx.seed)
+                            max_new_tokens=max_new_tokens, seed=ctx.seed,
+                            toolbox=stage_toolbox(ctx, loaded.tokenizer, values))
     figures = summarize(groups)
     figures["pass"] = rule.describe
     found = [Finding(stage, "reward signal", "ok", figures_text(figures), "most groups can teach")]

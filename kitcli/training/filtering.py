@@ -5,15 +5,17 @@
 
 Before training, the stage samples k completions of every prompt from the policy it starts from (the model it has
 just loaded, with the earlier stage's adapter), at the stage's own sampling settings (temperature, top_p, top_k,
-min_p, repetition_penalty, max_completion_length), scores them with its rewards (kitcli/training/signal.py says what
-passes) and keeps the prompts whose pass rate lies in [min_pass, max_pass]: a prompt solved every time or never
-gives a group with equal rewards, hence zero advantage (DAPO's dynamic sampling drops such groups during training;
-this drops them before, once). The pass rates are cached in `<stage>/filter/<key>.jsonl`, one line per prompt,
-written batch by batch: the key hashes the starting policy (its adapter's bytes, or the base model's name and
-file), the data (file hash, columns, limit, chat, system prompt), the rewards, the seed, k and the sampling
-settings, so an interrupted stage resumes where it stopped and a changed bound reuses every rate. The kept share
-and the pass-rate histograms go to the stage's DONE (`filter`) and the report. A filter that keeps no prompt, or
-fewer than one generation batch draws, stops the stage before training with the histogram and the bound at fault.
+min_p, repetition_penalty, max_completion_length; in a stage with `tools:` each completion is a conversation with
+the tools live, as the trainer samples it: kitcli/models/tool_loop.py), scores them with its rewards
+(kitcli/training/signal.py says what passes) and keeps the prompts whose pass rate lies in [min_pass, max_pass]: a
+prompt solved every time or never gives a group with equal rewards, hence zero advantage (DAPO's dynamic sampling
+drops such groups during training; this drops them before, once). The pass rates are cached in
+`<stage>/filter/<key>.jsonl`, one line per prompt, written batch by batch: the key hashes the starting policy (its
+adapter's bytes, or the base model's name and file), the data (file hash, columns, limit, chat, system prompt), the
+rewards, the seed, k, the sampling settings and the tools with their rounds of calls, so an interrupted stage
+resumes where it stopped and a changed bound reuses every rate. The kept share and the pass-rate histograms go to
+the stage's DONE (`filter`) and the report. A filter that keeps no prompt, or fewer than one generation batch draws,
+stops the stage before training with the histogram and the bound at fault.
 
 TRL's own knob during training: none in TRL 1.15 for GRPO (it logs frac_reward_zero_std); a DAPO-style resample is
 not offered, and `loss_type: dapo` only masks truncated completions.
@@ -61,7 +63,7 @@ def policy_fingerprint(model_name: str, init_dir: Path | None) -> str:
 
 
 def cache_key(*, policy: str, stage: dict[str, Any], seed: int, k: int, sampling: dict[str, Any],
-              max_new_tokens: int, rule: str) -> str:
+              max_new_tokens: int, rule: str, tool_rounds: int | None = None) -> str:
     from kitcli.data.rows import fingerprint
 
     data = stage["data"]
@@ -69,6 +71,8 @@ def cache_key(*, policy: str, stage: dict[str, Any], seed: int, k: int, sampling
                  "limit": data.get("limit"), "chat": data.get("chat"), "system_prompt": stage.get("system_prompt"),
                  "rewards": stage.get("rewards"), "seed": seed, "k": k, "sampling": sampling,
                  "max_new_tokens": max_new_tokens, "pass": rule}
+    if stage.get("tools"):  # sampled with the tools live: which tools, and how many rounds of calls
+        described.update(tools=stage["tools"], tool_rounds=tool_rounds)
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -82,10 +86,12 @@ def read_cached(path: Path | None) -> dict[int, Group]:
 
 def measure_groups(model, tokenizer, rows: list[dict[str, Any]], rewards, rule, *, k: int, sampling: dict[str, Any],
                    max_new_tokens: int, seed: int, cache: Path | None = None, batch_size: int = 8,
-                   log=None) -> list[Group]:
+                   log=None, toolbox=None) -> list[Group]:
     """k samples of each row's prompt, scored; prompts already in `cache` are not sampled again, and each batch
-    is appended to it as soon as it is scored (a kill loses at most one batch)."""
+    is appended to it as soon as it is scored (a kill loses at most one batch). With a `toolbox`
+    (kitcli/models/tool_loop.py) each sample is a conversation with the tools live, as the stage trains."""
     from kitcli.models.generate import sample
+    from kitcli.models.tool_loop import sample_with_tools
 
     done = read_cached(cache)
     if cache is not None:
@@ -96,8 +102,13 @@ def measure_groups(model, tokenizer, rows: list[dict[str, Any]], rewards, rule, 
     for start in range(0, len(todo), batch_size):
         indices = todo[start:start + batch_size]
         batch = [rows[i] for i in indices]
-        samples = sample(model, tokenizer, [row["prompt"] for row in batch], n=k, max_new_tokens=max_new_tokens,
-                         sampling=sampling, batch_size=batch_size, seed=seed + indices[0])
+        prompts = [row["prompt"] for row in batch]
+        if toolbox is None:
+            samples = sample(model, tokenizer, prompts, n=k, max_new_tokens=max_new_tokens, sampling=sampling,
+                             batch_size=batch_size, seed=seed + indices[0])
+        else:
+            samples = sample_with_tools(model, tokenizer, prompts, toolbox, n=k, max_new_tokens=max_new_tokens,
+                                        sampling=sampling, batch_size=batch_size, seed=seed + indices[0])
         groups = score_groups(rewards, rule, batch, samples)
         for index, group in zip(indices, groups):
             group.index = index
@@ -156,20 +167,23 @@ def check_kept(record: dict[str, Any], needed: int, where: str) -> None:
 
 def run_filter(*, model, tokenizer, rows: list[dict[str, Any]], rewards, stage: dict[str, Any], model_name: str,
                init_dir: Path | None, values: Any, seed: int, where: str, cache_dir: Path | None,
-               needed: int = 1, log=None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The rows a stage's `filter:` keeps, and its record. `values` is the stage's resolved config."""
+               needed: int = 1, log=None, toolbox=None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The rows a stage's `filter:` keeps, and its record. `values` is the stage's resolved config; `toolbox` the
+    stage's tools (kitcli/training/tool_use.py stage_toolbox), with which each sample is a conversation."""
     spec = FilterSpec.model_validate(stage["filter"]).model_dump()
     names = [r["name"] if isinstance(r, dict) else r for r in stage.get("rewards") or []]
     rule = pass_rule(rewards, spec, where, names)
     sampling, max_new_tokens = sampling_settings(values)
     key = cache_key(policy=policy_fingerprint(model_name, init_dir), stage=stage, seed=seed, k=spec["k"],
-                    sampling=sampling, max_new_tokens=max_new_tokens, rule=rule.describe)
+                    sampling=sampling, max_new_tokens=max_new_tokens, rule=rule.describe,
+                    tool_rounds=None if toolbox is None else toolbox.max_iterations)
     cache = None if cache_dir is None else Path(cache_dir) / f"{key}.jsonl"
     if log:
-        log(f"filter: sampling {spec['k']} completions of each of {len(rows)} prompts from the starting policy "
+        live = "" if toolbox is None else f" with {', '.join(toolbox.functions)} live"
+        log(f"filter: sampling {spec['k']} completions of each of {len(rows)} prompts from the starting policy{live} "
             f"(pass = {rule.describe}); keeping pass rates in [{spec['min_pass']:g}, {spec['max_pass']:g}]")
     groups = measure_groups(model, tokenizer, rows, rewards, rule, k=spec["k"], sampling=sampling,
-                            max_new_tokens=max_new_tokens, seed=seed, cache=cache, log=log)
+                            max_new_tokens=max_new_tokens, seed=seed, cache=cache, log=log, toolbox=toolbox)
     kept = keep_within(groups, spec["min_pass"], spec["max_pass"])
     record = filter_record(groups, kept, spec, rule.describe, key)
     record["max_completion_length"] = max_new_tokens  # what "truncated" was measured against (kit plan reads it)
@@ -184,12 +198,15 @@ def run_filter(*, model, tokenizer, rows: list[dict[str, Any]], rewards, stage: 
 
 def filter_prompts(ctx, rows: list[dict[str, Any]], rewards, loaded, config) -> list[dict[str, Any]]:
     """The stage's hook (kitcli/stages/grpo.py build_trainer): its rows after `filter:`, or as they are."""
+    from kitcli.training.tool_use import stage_toolbox
+
     if not ctx.stage.get("filter"):
         return rows
     kept, _ = run_filter(model=loaded.model, tokenizer=loaded.tokenizer, rows=rows, rewards=rewards,
                          stage=ctx.stage, model_name=ctx.model["name"], init_dir=ctx.init_dir, values=config,
                          seed=ctx.seed, where=ctx.where, cache_dir=filter_dir(ctx.stage_dir),
-                         needed=config.generation_batch_size // config.num_generations, log=ctx.log)
+                         needed=config.generation_batch_size // config.num_generations, log=ctx.log,
+                         toolbox=stage_toolbox(ctx, loaded.tokenizer, config))
     return kept
 
 

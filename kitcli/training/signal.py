@@ -102,15 +102,16 @@ def pass_rule(rewards, spec: dict[str, Any] | None, where: str, names: list[str]
 
 
 def score_groups(rewards, rule: PassRule, rows: list[dict[str, Any]], samples, start_index: int = 0) -> list[Group]:
-    """Score each row's samples (kitcli.models.generate.sample's output) with the rewards, as TRL's trainer calls
-    them (through the kit's guard: same arguments, same checks)."""
+    """Score each row's samples (kitcli.models.generate.sample's output, or tool_loop.sample_with_tools') with the
+    rewards, as TRL's trainer calls them (through the kit's guard: same arguments, same checks)."""
     from rewards.guard import RewardStats, guard_rewards
 
     flat_rows = [row for row, group in zip(rows, samples) for _ in group]
     prompts = [row["prompt"] for row in flat_rows]
     texts = [text for group in samples for text, _, _ in group]
     conversational = isinstance(prompts[0], list)
-    completions = [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
+    completions = [t if isinstance(t, list) else [{"role": "assistant", "content": t}] for t in texts] \
+        if conversational else texts  # a list: a conversation's turns after the prompt (sampled with tools)
     completion_ids = [ids for group in samples for _, ids, _ in group]
     columns = {key: [row.get(key) for row in flat_rows] for key in flat_rows[0] if key not in ("prompt",
                                                                                               "completion")}

@@ -35,6 +35,7 @@ from kitcli.recipe.stage_context import StageContext
 from kitcli.recipe.tool_spec import ToolsSection  # noqa: F401  (the stages' section, one import)
 
 DEFAULT_ITERATIONS = 4  # tool-calling rounds per completion
+UNLIMITED_ROUNDS = 1_000  # max_tool_calling_iterations None: TRL's loop runs until the completion length is spent
 
 
 def has_tools(ctx: StageContext) -> bool:
@@ -106,6 +107,25 @@ def tool_kwargs(ctx: StageContext, tokenizer) -> dict[str, Any]:
     if environment is not None:
         kwargs["environment_factory"] = environment
     return kwargs
+
+
+def stage_toolbox(ctx: StageContext, tokenizer, values: Any):
+    """The stage's tools as difficulty filtering and `kit check --signal` sample with them
+    (kitcli/models/tool_loop.py Toolbox; None without tools). `values` is the stage's resolved config (a TRL config
+    or a dict): its max_tool_calling_iterations, as the trainer will use it (None: no limit but the length)."""
+    if not has_tools(ctx):
+        return None
+    from kitcli.models.tool_loop import Toolbox
+
+    if ctx.stage.get("environment"):
+        raise KitError(f"{ctx.where}: filter: samples the starting policy with the stage's tools: but cannot run an "
+                       f"environment: (TRL makes one instance per rollout); remove filter: (or the environment)")
+    check_template(tokenizer, ctx.model["name"], ctx.where)
+    tools, _ = stage_tools(ctx)
+    rounds = values.get("max_tool_calling_iterations") if isinstance(values, dict) else \
+        getattr(values, "max_tool_calling_iterations", None)
+    return Toolbox({t.name: t.fn for t in tools}, [t.schema for t in tools],
+                   UNLIMITED_ROUNDS if rounds is None else int(rounds))
 
 
 def check_prompts(ctx: StageContext) -> None:
