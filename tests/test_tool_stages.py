@@ -73,6 +73,37 @@ def test_sft_trains_on_tool_calling_rows(tmp_path):
     assert [row["loss"] > 0 for row in metrics(tmp_path / "run" / "sft") if "loss" in row] == [True, True]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("assistant_only", [True, False])
+def test_sft_on_tool_traces_can_leave_the_tool_results_out_of_the_loss(tmp_path, assistant_only):
+    """With train.assistant_only_loss the tiny template's {% generation %} marks give loss to the assistant's tokens
+    only: the call and the answer, not the tool's result, which the model cannot predict (as GRPO's tool mask).
+    Without it, the whole completion is trained, tool result included."""
+    from helpers import stage_context
+
+    from kitcli.data.rows import to_dataset
+    from kitcli.models.backend import load_stage_policy
+    from kitcli.stages import sft
+    from kitcli.training.trainers import build_trainer
+
+    trace = {"prompt": tool_row()["messages"][:1], "completion": tool_row()["messages"][1:],
+             "tools": tool_row()["tools"]}
+    recipe = write_recipe(tmp_path / "r.yaml", [{"name": "sft", "type": "sft", "data": write_rows(
+        tmp_path / "d.jsonl", [trace] * 2), "train": {"max_steps": 1, "assistant_only_loss": assistant_only}}],
+        model={"name": "tiny", "max_seq_length": 512, "dtype": "float32"}, lora=False)
+    ctx = stage_context(recipe, "sft", tmp_path / "run")
+    loaded = load_stage_policy(ctx.model, lora=None, seed=0, init_from=None, log=lambda message: None)
+    trainer, _ = build_trainer("sft", loaded, args=sft.make_config(ctx), train_dataset=to_dataset(sft.load_rows(ctx)),
+                               processing_class=loaded.tokenizer, log=lambda message: None, label="sft", where="sft")
+    labels = trainer.data_collator([trainer.train_dataset[0]])["labels"][0].tolist()
+    trained = loaded.tokenizer.decode([t for t in labels if t != -100])
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*13"}}\n</tool_call><|im_end|>'
+    if assistant_only:
+        assert trained == call + "156<|im_end|>", trained
+    else:
+        assert trained == call + "\n<|im_start|>tool\n156<|im_end|>\n<|im_start|>assistant\n156<|im_end|>\n", trained
+
+
 # --- refusals: one line, exit 2, before anything loads ----------------------------------------------------------
 
 def model_copy(tmp_path: Path, tiny_model_dir: Path, template: str) -> dict:
@@ -330,6 +361,37 @@ def test_the_difficulty_filter_samples_with_the_tools_live(tool_caller):
             "--set", "stages.grpo.tools=[broken_tools.py:f]",
             "--set", "stages.grpo.filter={k: 2, min_pass: 0.0, max_pass: 0.5}")
     assert [json.loads(line)["answer"] for line in kept.read_text().splitlines()] == ["47", "57"]
+
+
+@pytest.mark.slow
+def test_sampled_tool_conversations_share_one_token_budget_as_in_trl(tool_caller):
+    """As in TRL's tool loop, the rounds share max_completion_length: with room for the call but not for the tool's
+    result, the result is dropped and the conversation ends at the call, with no answer."""
+    from helpers import stage_context
+
+    from kitcli.models.backend import load_stage_policy
+    from kitcli.models.tool_loop import Toolbox, render_ids, sample_with_tools
+    from kitcli.training.tool_use import attach_response_template
+
+    ctx = stage_context(tool_caller.parent / "r.yaml", "grpo", tool_caller)
+    loaded = load_stage_policy(ctx.model, lora=None, seed=0, init_from=tool_caller / "sft", trainable=False,
+                               log=lambda message: None)
+    attach_response_template(loaded.tokenizer, "tiny")
+    tool = load_tool("my_tools.py:f", tool_caller.parent)
+    box, prompt = Toolbox({"f": tool.fn}, [tool.schema], max_iterations=4), [{"role": "user", "content": "q3"}]
+
+    def draw(budget: int) -> list:
+        return sample_with_tools(loaded.model, loaded.tokenizer, [prompt], box, n=2, max_new_tokens=budget,
+                                 sampling={"temperature": 0.01}, seed=1)[0]
+
+    whole = draw(200)
+    assert all([t["role"] for t in turns] == ["assistant", "tool", "assistant"] and turns[-1]["content"] == "37"
+               and len(ids) <= 200 and not truncated for turns, ids, truncated in whole), whole
+    call = len(render_ids(loaded.tokenizer, prompt, whole[0][0][:1], box.schemas, generation_prompt=False)) - \
+        len(render_ids(loaded.tokenizer, prompt, [], box.schemas))
+    for turns, ids, truncated in draw(call + 2):
+        assert [t["role"] for t in turns] == ["assistant"] and turns[0]["tool_calls"] and not truncated, turns
+        assert len(ids) <= call + 2
 
 
 @pytest.mark.slow

@@ -43,6 +43,8 @@ BUILD_VERSION = 2  # bump when the recipe for building the tiny model changes
 # Every turn renders on its own, so the template keeps prefixes (TRL's multi-turn GRPO needs that). The schema is
 # written as a line, not as JSON, because the tiny tokenizer spends a token on nearly every JSON character and the
 # model has 512 positions: the calculator's JSON schema alone took about 370 of them, its line takes far fewer.
+# An assistant turn's reply (after its header, up to its <|im_end|>) is marked with {% generation %}, which renders
+# nothing: with train.assistant_only_loss, TRL's SFT trains those tokens only, so a tool's result carries no loss.
 CHAT_TEMPLATE = (
     "{% if tools %}{{ '<|im_start|>system\n' }}"
     "{% if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
@@ -59,13 +61,16 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{% if tools and loop.first and message['role'] == 'system' %}"
     "{% elif message['role'] == 'assistant' and message['tool_calls'] %}"
-    "{{ '<|im_start|>assistant\n' + (message['content'] or '') }}"
+    "{{ '<|im_start|>assistant\n' }}{% generation %}{{ message['content'] or '' }}"
     "{% for call in message['tool_calls'] %}"
     "{% set function = call['function'] if call['function'] is defined else call %}"
     "{{ ('\n' if message['content'] or not loop.first else '') + '<tool_call>\n{\"name\": \"' + function['name']"
     " + '\", \"arguments\": ' + (function['arguments'] if function['arguments'] is string"
     " else function['arguments'] | tojson) + '}\n</tool_call>' }}"
-    "{% endfor %}{{ '<|im_end|>\n' }}"
+    "{% endfor %}{{ '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
+    "{% elif message['role'] == 'assistant' %}"
+    "{{ '<|im_start|>assistant\n' }}{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{{ '\n' }}"
     "{% else %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
     "{% endif %}"
