@@ -128,12 +128,18 @@ CALCULATOR_SCHEMA = {"type": "function", "function": {
     "return": {"type": "string"}}}
 
 
+FACTORS = (32, 99)  # every product has four digits (32*32 = 1024): one length of result to copy
+GIVES_UP_BELOW = 50  # the demonstrator gives up on a product whose first factor is below this...
+GIVES_UP_SHARE = 0.75  # ...in this share of its traces, and calls the calculator in the others
+GIVE_UP = "I cannot work that out in my head."
+
+
 def tool_problems(n: int, seed: int, exclude: set[tuple[int, int]] = frozenset()) -> list[dict]:
-    """"What is 47*86?" for n distinct two-digit pairs not in `exclude`: the tiny model knows single-digit sums
-    only, so it answers these through the calculator or not at all."""
+    """"What is 47*86?" for n distinct pairs of factors in FACTORS not in `exclude`: the tiny model knows
+    single-digit sums only, so it answers these through the calculator or not at all."""
     rng, seen, problems = random.Random(seed), set(exclude), []
     while len(problems) < n:
-        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        a, b = rng.randint(*FACTORS), rng.randint(*FACTORS)
         if (a, b) in seen:
             continue
         seen.add((a, b))
@@ -141,12 +147,19 @@ def tool_problems(n: int, seed: int, exclude: set[tuple[int, int]] = frozenset()
     return problems
 
 
-def tool_trace_rows(problems: list[dict]) -> list[dict]:
+def tool_trace_rows(problems: list[dict], seed: int) -> list[dict]:
     """SFT rows in TRL's tool-calling format, prompt and completion: the question; one calculator call, its
     result and the answer (the tool turn is in the completion, as TRL's GRPOTrainer builds it, so SFT and RL train
-    the same token sequence)."""
-    rows = []
+    the same token sequence). The demonstrator is imperfect, as real traces are: on a product whose first factor is
+    below GIVES_UP_BELOW it gives up (GIVE_UP) in GIVES_UP_SHARE of its traces instead of calling the calculator,
+    which exact match scores 0. SFT imitates that habit; only the reward can teach the model that the calculator
+    pays."""
+    rng, rows = random.Random(seed), []
     for p in problems:
+        if p["pair"][0] < GIVES_UP_BELOW and rng.random() < GIVES_UP_SHARE:
+            rows.append({"prompt": chat(p["question"]), "completion": [{"role": "assistant", "content": GIVE_UP}],
+                         "tools": [CALCULATOR_SCHEMA]})
+            continue
         call = {"type": "function", "function": {"name": "calculator",
                                                  "arguments": {"expression": "{}*{}".format(*p["pair"])}}}
         rows.append({"prompt": chat(p["question"]),
@@ -163,16 +176,18 @@ def tool_prompt_rows(problems: list[dict]) -> list[dict]:
 
 def tool_files() -> dict[str, list[dict]]:
     """tiny-tools' data: held-out and validation questions first, then SFT traces and GRPO prompts on pairs that
-    neither of them has (the validation split chose the recipe's settings; the held-out one only reports). 3,000
-    traces, each seen about twice in SFT: with 300 seen 21 times each, the tiny model memorized them instead of
-    learning to copy the numbers into the call (seed 2, 800 steps: held-out exact match with the calculator 0.00;
-    with 3,000: 0.74)."""
+    neither of them has (the validation split chose the recipe's settings; the held-out one only reports). 4,000
+    distinct traces, each seen about 2.4 times in SFT: with 300 seen 21 times each, the tiny model memorized them
+    instead of learning to copy the numbers into the call, and with 3,000 (a fifth of them giving up) it copied the
+    call right but the calculator's result into the answer wrong (validation, seed 1: 0.02 with the calculator
+    after SFT; 0.72 with 4,000, every call-making answer right)."""
     held_out = tool_problems(100, seed=21)
     validation = tool_problems(100, seed=22, exclude={p["pair"] for p in held_out})
     unseen = {p["pair"] for p in held_out + validation}
-    train = tool_problems(3400, seed=23, exclude=unseen)
-    return {"tool_traces.jsonl": tool_trace_rows(train[:3000]), "tool_prompts.jsonl": tool_prompt_rows(train[3000:]),
-            "tool_validation.jsonl": tool_prompt_rows(validation), "tool_eval.jsonl": tool_prompt_rows(held_out)}
+    train = tool_problems(4400, seed=23, exclude=unseen)
+    return {"tool_traces.jsonl": tool_trace_rows(train[:4000], seed=24),
+            "tool_prompts.jsonl": tool_prompt_rows(train[4000:]), "tool_validation.jsonl": tool_prompt_rows(validation),
+            "tool_eval.jsonl": tool_prompt_rows(held_out)}
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
