@@ -19,13 +19,12 @@ from typing import Any
 
 @dataclass
 class ToolConversation:
-    """One prompt's conversation after the loop: the turns it added, its tool calls and failures, how many tokens
-    the model generated, and whether its last reply was cut at the token limit."""
+    """One prompt's conversation after the loop: the turns it added, its tool calls and failures, and whether its
+    last reply was cut at the token limit."""
 
     turns: list[dict[str, Any]] = field(default_factory=list)
     calls: int = 0
     failures: int = 0
-    generated: int = 0
     truncated: bool = False
 
     @property
@@ -65,32 +64,37 @@ def generate_with_tools(model, tokenizer, prompts: list[list[dict[str, Any]]], t
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(stops), 0)
     mode = {"do_sample": True, **sampling} if sampling is not None else {"do_sample": False}
     results = [ToolConversation() for _ in prompts]
-    prompt_lengths = [len(render_ids(tokenizer, p, [], schemas)) for p in prompts]
+    prompt_ids = [render_ids(tokenizer, p, [], schemas) for p in prompts]
     active = list(range(len(prompts)))
-    was_training, padding_side = model.training, tokenizer.padding_side
+    was_training = model.training
     model.eval()
-    tokenizer.padding_side = "left"
     try:
         for round_number in range(max_iterations + 1):
-            active = [i for i in active if room(results[i], max_completion_length, prompt_lengths[i], tokenizer,
-                                                prompts[i], schemas)]
+            prefixes = {i: render_ids(tokenizer, prompts[i], results[i].turns, schemas) if round_number else
+                        prompt_ids[i] for i in active}
+            used = {i: len(prefixes[i]) - len(prompt_ids[i]) for i in active}  # replies and tool results so far
+            if max_completion_length is not None:
+                for i in active:
+                    if used[i] >= max_completion_length:
+                        drop_tool_results(results[i])
+                active = [i for i in active if used[i] < max_completion_length]
             for start in range(0, len(active), batch_size):
                 chunk = active[start:start + batch_size]
-                prefixes = [render_ids(tokenizer, prompts[i], results[i].turns, schemas) for i in chunk]
-                budgets = [max_new_tokens if max_completion_length is None else
-                           max_completion_length - (len(ids) - prompt_lengths[i]) for i, ids in zip(chunk, prefixes)]
+                budgets = [max_new_tokens if max_completion_length is None else max_completion_length - used[i]
+                           for i in chunk]
                 torch.manual_seed(seed * 1_000_003 + round_number * 10_007 + start)
                 config = GenerationConfig(max_new_tokens=max(budgets), pad_token_id=pad, eos_token_id=sorted(stops),
                                           **mode)
-                width = max(len(ids) for ids in prefixes)
-                input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prefixes], device=model.device)
-                attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prefixes],
+                rows = [prefixes[i] for i in chunk]
+                width = max(len(ids) for ids in rows)
+                input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in rows], device=model.device)
+                attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in rows],
                                          device=model.device)
                 with torch.no_grad():
                     output = model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
                 for row, index in enumerate(chunk):
                     take_reply(results[index], tokenizer, output[row, width:].tolist(), stops, budgets[row],
-                               prefixes[row])
+                               rows[row])
             waiting = []
             for index in active:
                 calls = results[index].turns[-1].get("tool_calls") or []
@@ -106,7 +110,6 @@ def generate_with_tools(model, tokenizer, prompts: list[list[dict[str, Any]]], t
             if not active:
                 break
     finally:
-        tokenizer.padding_side = padding_side
         model.train(was_training)
     return results
 
@@ -119,17 +122,11 @@ def render_ids(tokenizer, prompt: list[dict[str, Any]], turns: list[dict[str, An
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def room(conversation: ToolConversation, budget: int | None, prompt_length: int, tokenizer, prompt, schemas) -> bool:
-    """Whether a conversation may generate again: TRL drops the tool results that would push the completion past
-    its budget and ends the conversation there."""
-    if budget is None or not conversation.turns:
-        return True
-    used = len(render_ids(tokenizer, prompt, conversation.turns, schemas)) - prompt_length
-    if used < budget:
-        return True
+def drop_tool_results(conversation: ToolConversation) -> None:
+    """What TRL does with tool results that would push a completion past its budget: drops them, and the
+    conversation ends at the call."""
     while conversation.turns and conversation.turns[-1].get("role") == "tool":
         conversation.turns.pop()
-    return False
 
 
 def take_reply(conversation: ToolConversation, tokenizer, new: list[int], stops: set[int], budget: int,
@@ -139,7 +136,6 @@ def take_reply(conversation: ToolConversation, tokenizer, new: list[int], stops:
 
     end = next((i for i, t in enumerate(new) if t in stops), None)
     ids = new[:budget] if end is None or end >= budget else new[:end + 1]
-    conversation.generated += len(ids)
     conversation.truncated = end is None or end >= budget
     reply = parse_response(tokenizer, ids, prefix=prefix) if ids else {"role": "assistant", "content": ""}
     conversation.turns.append({"role": "assistant", **reply})
