@@ -165,6 +165,28 @@ def test_a_template_without_tools_is_refused(tmp_path, tiny_model_dir, template,
     assert fragment in line and "remove tools:" in line, line
 
 
+@pytest.mark.parametrize("template, rows, fragment", [
+    ("TINY", "chat", None),  # its assistant turns are marked: TRL masks with it as it is
+    ("PLAIN", "chat", "marks no assistant tokens with {% generation %} and TRL has no training variant of it"),
+    ("TINY", "text", "needs conversational rows"),
+])
+def test_assistant_only_loss_is_refused_where_trl_could_not_mask(tmp_path, tiny_model_dir, template, rows, fragment):
+    """TRL finds both only after the model has loaded; the kit before anything loads, in one line."""
+    from kitcli.models.tiny import CHAT_TEMPLATE, PLAIN_CHAT_TEMPLATE
+
+    model = model_copy(tmp_path, tiny_model_dir, PLAIN_CHAT_TEMPLATE if template == "PLAIN" else CHAT_TEMPLATE)
+    row = ({"prompt": [{"role": "user", "content": "2+2?"}], "completion": [{"role": "assistant", "content": "4"}]}
+           if rows == "chat" else {"prompt": "2+2?", "completion": "4"})
+    stage = {"name": "sft", "type": "sft", "data": write_rows(tmp_path / "d.jsonl", [row] * 2),
+             "train": {"max_steps": 1, "assistant_only_loss": True}}
+    recipe = write_recipe(tmp_path / "r.yaml", [stage], model=model)
+    if fragment is None:
+        run_cli("run", recipe, "--dry-run")
+    else:
+        line = fails("run", recipe, "--dry-run")
+        assert fragment in line and "stage 'sft'" in line and "assistant_only_loss: false" in line, line
+
+
 @pytest.mark.parametrize("row, fragment", [
     (tool_row(role="robot"), "messages[2] has role 'robot'"),
     (tool_row(name="search"), "messages[1] calls tool 'search', which the row's tools column does not define "

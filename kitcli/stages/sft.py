@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from kitcli.data.rows import apply_system_prompt, read_rows, require_columns, to_dataset
+from kitcli.errors import KitError
 from kitcli.models.backend import cuda_available, load_stage_policy, save_model
 from kitcli.recipe.schema import StageSpec, TrainingSection
 from kitcli.recipe.stage_context import StageContext
@@ -60,12 +61,41 @@ def load_rows(ctx: StageContext) -> list[dict[str, Any]]:
                                ctx.where, spec["path"])
 
 
+def check_assistant_only_loss(ctx: StageContext, rows: list[dict[str, Any]]) -> None:
+    """train.assistant_only_loss trains only the tokens the chat template marks with {% generation %} (TRL swaps in
+    its training variant of a template it knows). TRL finds conversational rows missing, or a template it cannot
+    mark, only once the model has loaded; the kit refuses both before anything loads (the template when the
+    tokenizer is on disk: the tiny model, a local directory, a converted GGUF)."""
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+    from trl.data_utils import is_conversational
+
+    from kitcli.training.tool_use import preflight_tokenizer
+
+    if not is_conversational(rows[0]):
+        raise KitError(f"{ctx.where}: train.assistant_only_loss needs conversational rows (messages, or prompt and "
+                       f"completion as lists of turns) and '{ctx.stage['data']['path']}' has plain text; set data: "
+                       f"{{chat: true}} or assistant_only_loss: false")
+    tokenizer = preflight_tokenizer(ctx.model["name"])
+    template = getattr(tokenizer, "chat_template", None)
+    if template is None or has_generation_markers(template):
+        return  # no template: the rows' own check says so; marked: TRL uses it as it is
+    try:
+        get_training_chat_template(tokenizer)
+    except ValueError:
+        raise KitError(f"{ctx.where}: train.assistant_only_loss: the chat template of '{ctx.model['name']}' marks no "
+                       f"assistant tokens with {{% generation %}} and TRL has no training variant of it; wrap the "
+                       f"assistant's turns in {{% generation %}}...{{% endgeneration %}} in its chat_template.jinja "
+                       f"(docs/tools.md) or set assistant_only_loss: false") from None
+
+
 def describe(ctx: StageContext) -> dict[str, Any]:
     from kitcli.models.backend import choose_backend, prepare_backend
 
     prepare_backend(choose_backend(ctx.model["backend"]))
     rows = load_rows(ctx)
     config = make_config(ctx)
+    if config.assistant_only_loss:
+        check_assistant_only_loss(ctx, rows)
     return {"init": ctx.stage.get("init") or "base model", "data": ctx.stage["data"]["path"], "rows": len(rows),
             **config_summary(config, stage_defaults(ctx), ctx.stage.get("train", {}))}
 
