@@ -1,6 +1,7 @@
 """tiny-tools' data (kitcli/data/synthetic.py): the shipped files are what the generator writes, the traces carry the
-calculator's schema exactly as TRL builds it from the tool, every trace's call computes its answer, the traces that
-give up instead are the demonstrator's habit on small first factors and score 0, and no held-out or validation
+calculator's schema exactly as TRL builds it from the tool, every trace's call is the question's product and its result
+is true, the traces that answer with the result rounded down are the demonstrator's habit on small results and score
+0, and no held-out or validation
 product is trained on. (The recipe's learning, over seeds, is a benchmark: bench/seeds.py tiny-tools.)"""
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ from pathlib import Path
 
 from helpers import DATA
 
-from kitcli.data.synthetic import CALCULATOR_SCHEMA, GIVE_UP, GIVES_UP_BELOW, write_all
+from kitcli.data.synthetic import CALCULATOR_SCHEMA, FACTORS, ROUNDS_BELOW, rounded_down, write_all
 from rewards.builtin import exact_match
 from tools.builtin import calculator
 from tools.registry import load_tool
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCT = re.compile(r"^What is (\d\d)\*(\d\d)\?$")
+PRODUCT = re.compile(r"^What is (\d+)\*(\d+)\?$")
 
 
 def rows(name: str) -> list[dict]:
@@ -28,10 +29,6 @@ def pairs(name: str) -> set[tuple[str, str]]:
     return {PRODUCT.match(row["prompt"][0]["content"]).groups() for row in rows(name)}
 
 
-def first_factor(row: dict) -> int:
-    return int(PRODUCT.match(row["prompt"][0]["content"]).group(1))
-
-
 def test_the_shipped_data_is_what_the_generator_writes(tmp_path):
     for path in write_all(tmp_path):
         assert path.read_bytes() == (DATA / path.name).read_bytes(), f"{path.name} differs: python -m kitcli.synthetic"
@@ -39,25 +36,27 @@ def test_the_shipped_data_is_what_the_generator_writes(tmp_path):
 
 def test_the_traces_carry_the_calculators_own_schema_and_true_calls():
     assert load_tool("calculator", ROOT).schema == CALCULATOR_SCHEMA
-    calls, gave_up = [], []
+    exact, rounded = [], []
     for row in rows("tool_traces.jsonl"):
         assert row["tools"] == [CALCULATOR_SCHEMA]
-        (calls if len(row["completion"]) == 3 else gave_up).append(row)
-    for row in gave_up:  # the demonstrator's habit: no call, no answer, which exact match scores 0
-        a, b = map(int, PRODUCT.match(row["prompt"][0]["content"]).groups())
-        assert a < GIVES_UP_BELOW and row["completion"] == [{"role": "assistant", "content": GIVE_UP}]
-        assert exact_match([None], [row["completion"]], answer=[str(a * b)]) == [0.0]
-    small = [row for row in calls + gave_up if first_factor(row) < GIVES_UP_BELOW]
-    assert 0.65 < len(gave_up) / len(small) < 0.85 and len(calls) >= 3000  # GIVES_UP_SHARE 0.75 of them
-    for row in calls:
         call, result, answer = row["completion"]
         expression = call["tool_calls"][0]["function"]["arguments"]["expression"]
         assert "What is " + expression + "?" == row["prompt"][0]["content"]
-        assert calculator(expression) == result["content"] == answer["content"]
+        assert result == {"role": "tool", "name": "calculator", "content": calculator(expression)}
+        (exact if answer["content"] == result["content"] else rounded).append(row)
+    for row in rounded:  # the demonstrator's habit: a small result rounded down, which exact match scores 0
+        result, answer = row["completion"][1]["content"], row["completion"][2]["content"]
+        assert int(result) < ROUNDS_BELOW and answer == rounded_down(result) == result[:2] + "0000"
+        assert exact_match([None], [row["completion"]], answer=[result]) == [0.0]
+    small = [row for row in exact + rounded if int(row["completion"][1]["content"]) < ROUNDS_BELOW]
+    assert 0.65 < len(rounded) / len(small) < 0.85 and len(exact) >= 3000  # ROUNDS_SHARE 0.75 of them
 
 
 def test_no_held_out_or_validation_product_is_trained_on():
     trained = pairs("tool_traces.jsonl") | pairs("tool_prompts.jsonl")
     held_out, validation = pairs("tool_eval.jsonl"), pairs("tool_validation.jsonl")
     assert len(held_out) == len(validation) == 100 and len(trained) == 4400
+    low, high = FACTORS
+    assert all(low <= int(a) <= high and low <= int(b) <= high for a, b in trained | held_out | validation)
+    assert {len(row["answer"]) for row in rows("tool_eval.jsonl") + rows("tool_validation.jsonl")} == {6}
     assert not trained & held_out and not trained & validation and not held_out & validation

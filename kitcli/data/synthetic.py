@@ -128,14 +128,18 @@ CALCULATOR_SCHEMA = {"type": "function", "function": {
     "return": {"type": "string"}}}
 
 
-FACTORS = (32, 99)  # every product has four digits (32*32 = 1024): one length of result to copy
-GIVES_UP_BELOW = 50  # the demonstrator gives up on a product whose first factor is below this...
-GIVES_UP_SHARE = 0.75  # ...in this share of its traces, and calls the calculator in the others
-GIVE_UP = "I cannot work that out in my head."
+FACTORS = (317, 999)  # every product has six digits (317*317 = 100489): one length of result to copy
+ROUNDS_BELOW = 300_000  # the demonstrator rounds a calculator result below this down to two figures...
+ROUNDS_SHARE = 0.75  # ...in this share of its traces, and answers with the result itself in the others
+
+
+def rounded_down(answer: str) -> str:
+    """The demonstrator's habit: 253412 -> 250000 (two figures, rounded down)."""
+    return answer[:2] + "0" * (len(answer) - 2)
 
 
 def tool_problems(n: int, seed: int, exclude: set[tuple[int, int]] = frozenset()) -> list[dict]:
-    """"What is 47*86?" for n distinct pairs of factors in FACTORS not in `exclude`: the tiny model knows
+    """"What is 347*862?" for n distinct pairs of factors in FACTORS not in `exclude`: the tiny model knows
     single-digit sums only, so it answers these through the calculator or not at all."""
     rng, seen, problems = random.Random(seed), set(exclude), []
     while len(problems) < n:
@@ -150,22 +154,24 @@ def tool_problems(n: int, seed: int, exclude: set[tuple[int, int]] = frozenset()
 def tool_trace_rows(problems: list[dict], seed: int) -> list[dict]:
     """SFT rows in TRL's tool-calling format, prompt and completion: the question; one calculator call, its
     result and the answer (the tool turn is in the completion, as TRL's GRPOTrainer builds it, so SFT and RL train
-    the same token sequence). The demonstrator is imperfect, as real traces are: on a product whose first factor is
-    below GIVES_UP_BELOW it gives up (GIVE_UP) in GIVES_UP_SHARE of its traces instead of calling the calculator,
-    which exact match scores 0. SFT imitates that habit; only the reward can teach the model that the calculator
-    pays."""
+    the same token sequence). The demonstrator is imperfect, as real traces are: when the calculator's result is
+    below ROUNDS_BELOW it answers with the result rounded down to two figures (rounded_down) in ROUNDS_SHARE of its
+    traces, which exact match scores 0. SFT imitates that habit; only the reward can teach the model that the exact
+    result pays. The habit is decided at the answer's third digit, right after the two digits that tell whether the
+    result is small. A give-up before the call, decided by the question's first factor, was not imitated at all by
+    one of two SFT runs on the validation split, and an "About ..." prefix made the model guess the result's first
+    digit from the question instead of copying it."""
     rng, rows = random.Random(seed), []
     for p in problems:
-        if p["pair"][0] < GIVES_UP_BELOW and rng.random() < GIVES_UP_SHARE:
-            rows.append({"prompt": chat(p["question"]), "completion": [{"role": "assistant", "content": GIVE_UP}],
-                         "tools": [CALCULATOR_SCHEMA]})
-            continue
+        answer = p["answer"]
+        if int(answer) < ROUNDS_BELOW and rng.random() < ROUNDS_SHARE:
+            answer = rounded_down(answer)
         call = {"type": "function", "function": {"name": "calculator",
                                                  "arguments": {"expression": "{}*{}".format(*p["pair"])}}}
         rows.append({"prompt": chat(p["question"]),
                      "completion": [{"role": "assistant", "tool_calls": [call]},
                                     {"role": "tool", "name": "calculator", "content": p["answer"]},
-                                    {"role": "assistant", "content": p["answer"]}],
+                                    {"role": "assistant", "content": answer}],
                      "tools": [CALCULATOR_SCHEMA]})
     return rows
 
@@ -177,10 +183,8 @@ def tool_prompt_rows(problems: list[dict]) -> list[dict]:
 def tool_files() -> dict[str, list[dict]]:
     """tiny-tools' data: held-out and validation questions first, then SFT traces and GRPO prompts on pairs that
     neither of them has (the validation split chose the recipe's settings; the held-out one only reports). 4,000
-    distinct traces, each seen about 2.4 times in SFT: with 300 seen 21 times each, the tiny model memorized them
-    instead of learning to copy the numbers into the call, and with 3,000 (a fifth of them giving up) it copied the
-    call right but the calculator's result into the answer wrong (validation, seed 1: 0.02 with the calculator
-    after SFT; 0.72 with 4,000, every call-making answer right)."""
+    distinct traces, each seen 4 times in SFT's 2,000 steps of 8: with 300 seen 21 times each (two-digit factors),
+    the tiny model memorized them instead of learning to copy the numbers into the call."""
     held_out = tool_problems(100, seed=21)
     validation = tool_problems(100, seed=22, exclude={p["pair"] for p in held_out})
     unseen = {p["pair"] for p in held_out + validation}
