@@ -176,7 +176,7 @@ def test_signal_says_why_groups_carry_no_signal(tmp_path):
 
 def test_tool_stages_count_the_schemas_and_the_room_a_call_needs(tmp_path):
     """tiny-tools with the two settings that silently failed while it was tuned: an eval round of 64 new tokens cuts
-    the ~80-token calculator call before it closes, and a GRPO cap of 96 makes TRL drop every tool result (no answer,
+    the ~83-token calculator call before it closes, and a GRPO cap of 96 makes TRL drop every tool result (no answer,
     reward 0). Figures checked against an independent rendering with the tiny tokenizer."""
     from kitcli.data.synthetic import CALCULATOR_SCHEMA
     from kitcli.run.check import load_tokenizer

@@ -3,8 +3,8 @@ tools' schemas in the system turn, and the room a tool call, its result and the 
 
 TRL 1.15's GRPOTrainer caps the whole completion, tool calls and results included, at `max_completion_length`, and
 drops a tool result that would pass the cap: the completion then ends at the call, with no answer, and scores 0 (a
-calculator call alone is about 80 tokens for the tiny byte-level tokenizer). The eval loop caps each round at
-`generation.max_new_tokens`, so a call longer than that is cut before it closes and never runs. The call is
+calculator call of two three-digit factors is 83 tokens for the tiny byte-level tokenizer). The eval loop caps each
+round at `generation.max_new_tokens`, so a call longer than that is cut before it closes and never runs. The call is
 estimated from the first tool's schema, each required argument as long as the row's answer; the result is the
 answer itself.
 """
