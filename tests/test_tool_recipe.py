@@ -1,8 +1,8 @@
 """tiny-tools' data (kitcli/data/synthetic.py): the shipped files are what the generator writes, the traces carry the
 calculator's schema exactly as TRL builds it from the tool, every trace's call is the question's product and its result
 is true, the traces that answer with the result rounded down are the demonstrator's habit on small results and score
-0, and no held-out or validation
-product is trained on. (The recipe's learning, over seeds, is a benchmark: bench/seeds.py tiny-tools.)"""
+0, and no held-out or validation product is trained on. (The recipe's learning, over seeds, is a benchmark:
+bench/seeds.py tiny-tools.)"""
 
 from __future__ import annotations
 
