@@ -97,6 +97,16 @@ def test_full_finetuning_trains_every_parameter(tiny_model_dir):
     assert loaded.load_in_4bit is False
 
 
+@pytest.mark.parametrize("lora", [None, LORA], ids=["full", "lora"])
+def test_cpu_training_does_not_recompute_activations(tiny_model_dir, lora):
+    """On CPU the kit's trainers run without gradient checkpointing (the activations fit in memory), so the model
+    must not recompute them either: Unsloth's loader enabled it for full fine-tuning whatever the trainer said."""
+    loaded = load_policy("tiny", max_seq_length=64, load_in_4bit=True, lora=lora, dtype="float32",
+                         log=lambda m: None)
+    assert loaded.backend == "unsloth-cpu"
+    assert not loaded.model.is_gradient_checkpointing
+
+
 def test_reward_models_on_cpu_use_transformers():
     assert choose_backend("auto", task="seq_cls") == "transformers"
 
