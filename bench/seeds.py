@@ -5,15 +5,16 @@ eval stages measure by more than the spread between seeds.
     python bench/seeds.py tiny-sft tiny-grpo --seeds 1 2 3
     python bench/seeds.py tiny-sft --seeds 1 2 3 --force    # redo finished runs
 
-Each run is `kit run RECIPE --set seed=N --output bench/runs/RECIPE-seedN --quiet` (a finished run is reused,
-as `kit run` skips finished stages). The scores come from the DONE files of the run's eval stages. For each pair of
-consecutive eval stages (e.g. eval-before -> eval-after, with the training stages between them) the script
-reports, per score, the mean and standard deviation over seeds of both evals and of the change, and calls the
-change clear when every seed improved and the mean change exceeds the larger of the two evals' seed-to-seed
-standard deviations. A reward model's score is only defined up to a constant and each seed trains its own reward
-model, so for scores that include one the levels of different seeds are not comparable; there the mean change must
-exceed the seed-to-seed standard deviation of the change itself. Results go to bench/results/seeds.json: per run
-`seconds` (the wall time of `kit run`, when this invocation ran it) and `stage_seconds` (the stages' own times).
+Each run is `kit run RECIPE --set seed=N --output bench/runs/RECIPE-seedN --quiet` (a finished run is reused, as
+`kit run` skips finished stages). The scores come from the DONE files of the run's eval stages. For each pair of
+consecutive eval stages (e.g. eval-before -> eval-after, with the training stages between them) the script reports,
+per score, the mean and standard deviation over seeds of both evals and of the change, and calls the change clear
+when every seed improved and the mean change exceeds the larger of the two evals' seed-to-seed standard deviations
+(improved is down for the share of failed tool calls, up for every other score). A reward model's score is only
+defined up to a constant and each seed trains its own reward model, so for scores that include one the levels of
+different seeds are not comparable; there the mean change must exceed the seed-to-seed standard deviation of the
+change itself. Results go to bench/results/seeds.json: per run `seconds` (the wall time of `kit run`, when this
+invocation ran it) and `stage_seconds` (the stages' own times).
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ def read_evals(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]
     return evals, stages
 
 
+LOWER_IS_BETTER = {"tool_failure_rate"}
+
+
 def spread(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
             "min": min(values), "max": max(values), "values": values}
@@ -113,7 +117,8 @@ def summarize(recipe: str, per_seed: dict[int, tuple[list[dict[str, Any]], list[
             else:
                 noise = max(scores[a][key]["std"], scores[b][key]["std"])
             change["noise"] = noise
-            change["clear"] = min(deltas) > 0 and change["mean"] > noise
+            better = [-d for d in deltas] if key in LOWER_IS_BETTER else deltas
+            change["clear"] = min(better) > 0 and statistics.fmean(better) > noise
             figures[key] = change
         changes.append({"from": a, "to": b, "trained": trained, "scores": figures})
     return {"recipe": recipe, "seeds": seeds, "evals": scores, "changes": changes}
@@ -157,7 +162,8 @@ def main() -> None:
     kept = [r for r in earlier.get("results", []) if r["recipe"] not in recipes]  # other recipes' figures stay
     payload = {"machine": {"cpus": os.cpu_count(), "platform": f"{platform.system()} {platform.machine()}",
                            "python": platform.python_version()},
-               "seconds": {**earlier.get("seconds", {}), **seconds},
+               # a reused run's earlier wall time may belong to a run since replaced: only this invocation's stay
+               "seconds": {**{k: v for k, v in earlier.get("seconds", {}).items() if k not in stage_times}, **seconds},
                "stage_seconds": {**earlier.get("stage_seconds", {}), **stage_times},
                "results": sorted(kept + results, key=lambda r: r["recipe"])}
     if earlier.get("notes"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 from collections import defaultdict, deque
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -185,15 +186,44 @@ def test_kit_chat_refuses_a_template_without_tools_before_the_model_loads(tmp_pa
 
 def test_the_before_after_table_shows_exact_match_with_tools_and_calls():
     """An eval stage with tools reports exact match with and without them; the run's before/after table (and
-    bench/seeds.py, which reads the same keys) must show both and the calls per problem, not only the run without."""
+    bench/seeds.py, which reads the same keys) must show both, the calls per problem and the share of calls that
+    failed, not only the run without."""
     from kitcli.display.report import before_after
 
     sft = ({"name": "eval-sft", "init": "sft"}, {"n": 100, "exact_match": 0.0, "exact_match_with_tools": 0.78,
-                                                 "tool_calls_per_problem": 1.0, "tool_failures": 0})
+                                                 "tool_calls_per_problem": 1.0, "tool_failures": 8,
+                                                 "tool_failure_rate": 0.08})
     grpo = ({"name": "eval-grpo", "init": "grpo"}, {"n": 100, "exact_match": 0.0, "exact_match_with_tools": 0.81,
-                                                    "tool_calls_per_problem": 1.0, "tool_failures": 0})
+                                                    "tool_calls_per_problem": 1.0, "tool_failures": 1,
+                                                    "tool_failure_rate": 0.01})
     header, rows = before_after([sft, grpo])
     assert header == ["score", "eval-sft (sft)", "eval-grpo (grpo)", "change"]
-    assert rows[:3] == [["exact match", "0.000", "0.000", "+0.000"],
+    assert rows[:4] == [["exact match", "0.000", "0.000", "+0.000"],
                         ["exact match, with tools", "0.780", "0.810", "+0.030"],
-                        ["tool calls per problem", "1.000", "1.000", "+0.000"]], rows
+                        ["tool calls per problem", "1.000", "1.000", "+0.000"],
+                        ["failed tool calls (share)", "0.080", "0.010", "-0.070"]], rows
+
+
+def test_seeds_bench_calls_fewer_failed_tool_calls_an_improvement():
+    """bench/seeds.py calls a change clear when every seed improved by more than the seed spread: for the share of
+    failed tool calls, improved is down (a rise, however steady, is not an improvement)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("seeds_bench", Path(__file__).resolve().parent.parent
+                                                  / "bench" / "seeds.py")
+    seeds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(seeds)
+    stages = [{"name": "eval-sft", "type": "eval"}, {"name": "grpo", "type": "grpo"}, {"name": "eval-grpo",
+                                                                                     "type": "eval"}]
+
+    def run(before: float, after: float) -> tuple[list[dict], list[dict]]:
+        return ([{"name": "eval-sft", "init": "sft", "summary": {"exact_match_with_tools": 0.6,
+                                                                 "tool_failure_rate": before}},
+                 {"name": "eval-grpo", "init": "grpo", "summary": {"exact_match_with_tools": 0.9,
+                                                                   "tool_failure_rate": after}}], stages)
+
+    fell = seeds.summarize("t", {1: run(0.10, 0.00), 2: run(0.12, 0.01), 3: run(0.08, 0.00)})
+    rose = seeds.summarize("t", {1: run(0.00, 0.10), 2: run(0.01, 0.12), 3: run(0.00, 0.08)})
+    assert fell["changes"][0]["scores"]["tool_failure_rate"]["clear"] is True
+    assert rose["changes"][0]["scores"]["tool_failure_rate"]["clear"] is False
+    assert rose["changes"][0]["scores"]["exact_match_with_tools"]["clear"] is True  # up is better for a score

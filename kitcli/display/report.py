@@ -82,10 +82,11 @@ def load_run(run_dir: Path) -> RunRecord:
 # --- evaluation tables (also used by the runner's summary and bench/seeds.py) --------------------------------
 
 def eval_metric_keys(summaries: list[dict[str, Any]]) -> list[str]:
-    """The score keys the eval summaries hold, in table order: exact match (and with tools, and the tool calls per
-    problem, where an eval ran with tools), pass@k, reward, each reward."""
+    """The score keys the eval summaries hold, in table order: exact match (and with tools, the tool calls per
+    problem and the share of calls that failed, where an eval ran with tools), pass@k, reward, each reward."""
     present = {k for s in summaries for k, v in s.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    keys = [k for k in ("exact_match", "exact_match_with_tools", "tool_calls_per_problem") if k in present]
+    keys = [k for k in ("exact_match", "exact_match_with_tools", "tool_calls_per_problem", "tool_failure_rate")
+            if k in present]
     keys += sorted((k for k in present if k.startswith("pass@") and k[5:].isdigit()), key=lambda k: int(k[5:]))
     keys += [k for k in ("reward",) if k in present]
     keys += sorted(k for k in present if k.startswith("rewards/") and k.count("/") == 1)
@@ -99,6 +100,8 @@ def metric_label(key: str) -> str:
         return "exact match, with tools"
     if key == "tool_calls_per_problem":
         return "tool calls per problem"
+    if key == "tool_failure_rate":
+        return "failed tool calls (share)"
     if key == "reward":
         return "total reward"
     return f"reward: {key.split('/', 1)[1]}" if key.startswith("rewards/") else key
