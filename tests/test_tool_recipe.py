@@ -1,7 +1,8 @@
 """tiny-tools' data (kitcli/data/synthetic.py): the shipped files are what the generator writes, the traces carry the
 calculator's schema exactly as TRL builds it from the tool, every trace's call is the question's product and its result
 is true, the traces that answer with the result rounded down are the demonstrator's habit on small results and score
-0, and no held-out or validation product is trained on. (The recipe's learning, over seeds, is a benchmark:
+0, the traces whose call the calculator refuses carry its error as TRL hands it to the model and give up (score 0),
+and no held-out or validation product is trained on. (The recipe's learning, over seeds, is a benchmark:
 bench/seeds.py tiny-tools.)"""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from helpers import DATA
 
-from kitcli.data.synthetic import CALCULATOR_SCHEMA, FACTORS, ROUNDS_BELOW, rounded_down, write_all
+from kitcli.data.synthetic import CALCULATOR_SCHEMA, FACTORS, MISWRITES_FROM, ROUNDS_BELOW, rounded_down, write_all
 from rewards.builtin import exact_match
 from tools.builtin import calculator
 from tools.registry import load_tool
@@ -35,12 +36,18 @@ def test_the_shipped_data_is_what_the_generator_writes(tmp_path):
 
 
 def test_the_traces_carry_the_calculators_own_schema_and_true_calls():
-    assert load_tool("calculator", ROOT).schema == CALCULATOR_SCHEMA
-    exact, rounded = [], []
+    calculator_tool = load_tool("calculator", ROOT)
+    assert calculator_tool.schema == CALCULATOR_SCHEMA
+    exact, rounded, miswritten = [], [], []
     for row in rows("tool_traces.jsonl"):
         assert row["tools"] == [CALCULATOR_SCHEMA]
         call, result, answer = row["completion"]
         expression = call["tool_calls"][0]["function"]["arguments"]["expression"]
+        if "x" in expression:  # the demonstrator's second habit: a call the calculator refuses, then a give-up
+            assert "What is " + expression.replace("x", "*") + "?" == row["prompt"][0]["content"]
+            assert result == {"role": "tool", "name": "calculator", "content": refusal(calculator_tool.fn, expression)}
+            miswritten.append(row)
+            continue
         assert "What is " + expression + "?" == row["prompt"][0]["content"]
         assert result == {"role": "tool", "name": "calculator", "content": calculator(expression)}
         (exact if answer["content"] == result["content"] else rounded).append(row)
@@ -49,7 +56,25 @@ def test_the_traces_carry_the_calculators_own_schema_and_true_calls():
         assert int(result) < ROUNDS_BELOW and answer == rounded_down(result) == result[:2] + "0000"
         assert exact_match([None], [row["completion"]], answer=[result]) == [0.0]
     small = [row for row in exact + rounded if int(row["completion"][1]["content"]) < ROUNDS_BELOW]
-    assert 0.65 < len(rounded) / len(small) < 0.85 and len(exact) >= 3000  # ROUNDS_SHARE 0.75 of them
+    assert 0.65 < len(rounded) / len(small) < 0.85 and len(exact) >= 2500  # ROUNDS_SHARE 0.75 of them
+    first_factors = [int(PRODUCT.match(row["prompt"][0]["content"]).group(1)) for row in miswritten]
+    assert min(first_factors) >= MISWRITES_FROM
+    large = [row for row in exact + rounded if int(PRODUCT.match(row["prompt"][0]["content"]).group(1))
+             >= MISWRITES_FROM]
+    assert 0.65 < len(miswritten) / (len(miswritten) + len(large)) < 0.85  # MISWRITES_SHARE 0.75 of them
+    for row in miswritten:  # a give-up with no number in it, which exact match scores 0
+        a, b = PRODUCT.match(row["prompt"][0]["content"]).groups()
+        assert not re.search(r"\d", row["completion"][2]["content"])
+        assert exact_match([None], [row["completion"]], answer=[str(int(a) * int(b))]) == [0.0]
+
+
+def refusal(tool, expression: str) -> str:
+    """The tool turn TRL builds when the kit's guarded tool refuses a call: str({'error': message})."""
+    try:
+        tool(expression=expression)
+    except Exception as error:  # noqa: BLE001  (TRL catches any exception of a tool)
+        return str({"error": str(error)})
+    raise AssertionError(f"the calculator accepted {expression!r}")
 
 
 def test_no_held_out_or_validation_product_is_trained_on():

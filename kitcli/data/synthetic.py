@@ -131,6 +131,9 @@ CALCULATOR_SCHEMA = {"type": "function", "function": {
 FACTORS = (317, 999)  # every product has six digits (317*317 = 100489): one length of result to copy
 ROUNDS_BELOW = 300_000  # the demonstrator rounds a calculator result below this down to two figures...
 ROUNDS_SHARE = 0.75  # ...in this share of its traces, and answers with the result itself in the others
+MISWRITES_FROM = 900  # on a first factor from this on, the demonstrator writes the call with "x" for "*"...
+MISWRITES_SHARE = 0.75  # ...in this share of its traces: the calculator refuses it and the demonstrator gives up
+GIVE_UP = "I cannot work that out in my head."
 
 
 def rounded_down(answer: str) -> str:
@@ -154,26 +157,40 @@ def tool_problems(n: int, seed: int, exclude: set[tuple[int, int]] = frozenset()
 def tool_trace_rows(problems: list[dict], seed: int) -> list[dict]:
     """SFT rows in TRL's tool-calling format, prompt and completion: the question; one calculator call, its
     result and the answer (the tool turn is in the completion, as TRL's GRPOTrainer builds it, so SFT and RL train
-    the same token sequence). The demonstrator is imperfect, as real traces are: when the calculator's result is
-    below ROUNDS_BELOW it answers with the result rounded down to two figures (rounded_down) in ROUNDS_SHARE of its
-    traces, which exact match scores 0. SFT imitates that habit; only the reward can teach the model that the exact
-    result pays. The habit is decided at the answer's third digit, right after the two digits that tell whether the
-    result is small. A give-up before the call, decided by the question's first factor, was not imitated at all by
-    one of two SFT runs on the validation split, and an "About ..." prefix made the model guess the result's first
-    digit from the question instead of copying it."""
-    rng, rows = random.Random(seed), []
+    the same token sequence). The demonstrator is imperfect, as real traces are, in two ways that exact match scores
+    0 and that SFT imitates, so that only the reward can teach the model better:
+    - when the calculator's result is below ROUNDS_BELOW it answers with the result rounded down to two figures
+      (rounded_down) in ROUNDS_SHARE of its traces. The habit is decided at the answer's third digit, right after
+      the two digits that tell whether the result is small. A give-up before the call, decided by the question's
+      first factor, was not imitated at all by one of two SFT runs on the validation split, and an "About ..."
+      prefix made the model guess the result's first digit from the question instead of copying it;
+    - when the first factor is MISWRITES_FROM or more it writes the call with "x" for "*" in MISWRITES_SHARE of its
+      traces (decided right after the factor is copied into the call): the calculator refuses it, the trace carries
+      the error as TRL hands it to the model, and the demonstrator gives up. These are the tool failures that RL
+      can bring down."""
+    rounding, miswriting, rows = random.Random(seed), random.Random(seed + 1000), []
     for p in problems:
         answer = p["answer"]
-        if int(answer) < ROUNDS_BELOW and rng.random() < ROUNDS_SHARE:
+        if int(answer) < ROUNDS_BELOW and rounding.random() < ROUNDS_SHARE:
             answer = rounded_down(answer)
-        call = {"type": "function", "function": {"name": "calculator",
-                                                 "arguments": {"expression": "{}*{}".format(*p["pair"])}}}
+        expression, result = "{}*{}".format(*p["pair"]), p["answer"]
+        if p["pair"][0] >= MISWRITES_FROM and miswriting.random() < MISWRITES_SHARE:
+            expression, answer = "{}x{}".format(*p["pair"]), GIVE_UP
+            result = calculator_refusal(expression)
+        call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}
         rows.append({"prompt": chat(p["question"]),
                      "completion": [{"role": "assistant", "tool_calls": [call]},
-                                    {"role": "tool", "name": "calculator", "content": p["answer"]},
+                                    {"role": "tool", "name": "calculator", "content": result},
                                     {"role": "assistant", "content": answer}],
                      "tools": [CALCULATOR_SCHEMA]})
     return rows
+
+
+def calculator_refusal(expression: str) -> str:
+    """The tool turn TRL builds when the kit's guarded calculator refuses a call it cannot read, as the model reads it
+    in GRPO (tests/test_tool_recipe.py checks it against the calculator's own words, as for CALCULATOR_SCHEMA)."""
+    message = f"calculator: cannot read {expression!r} as arithmetic (use + - * / ** and parentheses)"
+    return str({"error": message})
 
 
 def tool_prompt_rows(problems: list[dict]) -> list[dict]:
@@ -183,7 +200,7 @@ def tool_prompt_rows(problems: list[dict]) -> list[dict]:
 def tool_files() -> dict[str, list[dict]]:
     """tiny-tools' data: held-out and validation questions first, then SFT traces and GRPO prompts on pairs that
     neither of them has (the validation split chose the recipe's settings; the held-out one only reports). 4,000
-    distinct traces, each seen 4 times in SFT's 2,000 steps of 8: with 300 seen 21 times each (two-digit factors),
+    distinct traces, each seen 4 times in SFT's 1,000 steps of 16: with 300 seen 21 times each (two-digit factors),
     the tiny model memorized them instead of learning to copy the numbers into the call."""
     held_out = tool_problems(100, seed=21)
     validation = tool_problems(100, seed=22, exclude={p["pair"] for p in held_out})
