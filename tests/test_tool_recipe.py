@@ -14,6 +14,7 @@ from pathlib import Path
 from helpers import DATA
 
 from kitcli.data.synthetic import CALCULATOR_SCHEMA, FACTORS, MISWRITES_FROM, ROUNDS_BELOW, rounded_down, write_all
+from kitcli.models.tool_loop import call_tool
 from rewards.builtin import exact_match
 from tools.builtin import calculator
 from tools.registry import load_tool
@@ -45,7 +46,8 @@ def test_the_traces_carry_the_calculators_own_schema_and_true_calls():
         expression = call["tool_calls"][0]["function"]["arguments"]["expression"]
         if "x" in expression:  # the demonstrator's second habit: a call the calculator refuses, then a give-up
             assert "What is " + expression.replace("x", "*") + "?" == row["prompt"][0]["content"]
-            assert result == {"role": "tool", "name": "calculator", "content": refusal(calculator_tool.fn, expression)}
+            name, error, failed = call_tool(call["tool_calls"][0], {"calculator": calculator_tool.fn})  # as in GRPO
+            assert failed and result == {"role": "tool", "name": name, "content": str(error)}
             miswritten.append(row)
             continue
         assert "What is " + expression + "?" == row["prompt"][0]["content"]
@@ -67,14 +69,6 @@ def test_the_traces_carry_the_calculators_own_schema_and_true_calls():
         assert not re.search(r"\d", row["completion"][2]["content"])
         assert exact_match([None], [row["completion"]], answer=[str(int(a) * int(b))]) == [0.0]
 
-
-def refusal(tool, expression: str) -> str:
-    """The tool turn TRL builds when the kit's guarded tool refuses a call: str({'error': message})."""
-    try:
-        tool(expression=expression)
-    except Exception as error:  # noqa: BLE001  (TRL catches any exception of a tool)
-        return str({"error": str(error)})
-    raise AssertionError(f"the calculator accepted {expression!r}")
 
 
 def test_no_held_out_or_validation_product_is_trained_on():
