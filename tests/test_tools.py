@@ -245,8 +245,8 @@ def test_tiny_template_renders_tools_and_trl_parses_its_tool_calls(tiny_tokenize
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 12*13?"}]
     prompt = tokenizer.apply_chat_template(chat, tools=[schema], tokenize=False, add_generation_prompt=True)
     assert prompt.startswith("<|im_start|>system\nBe brief.\n\nTools: call one as <tool_call>")
-    assert schema_line(schema) == ("calculator(expression: string): Exact arithmetic on integers and fractions. "
-                                   "expression: The arithmetic to do.\n")
+    assert schema_line(schema) == ("calculator(expression: string): Exact arithmetic on integers and fractions: + - * "
+                                   "/ ** and parentheses. expression: The arithmetic to do, e.g. 12*(3+4)/5.\n")
     assert schema_line(schema) + "<|im_end|>" in prompt and prompt.count("Be brief.") == 1
     prefix = tokenizer.apply_chat_template(chat, tools=[schema], add_generation_prompt=True, return_dict=False)
     reply = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*13"}}\n</tool_call><|im_end|>'

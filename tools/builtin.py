@@ -24,15 +24,12 @@ OPERATORS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "
 
 
 # --- calculator -------------------------------------------------------------------------------------------------
-# The schema names no operator and gives no example: a `*` or a quote in the tool header made the embedded model's
-# copying of "What is 485*745?" into its call ambiguous (a small model learns "copy the token after the one just
-# written", and the first digit follows `*` in the question, `"` in the call). The refusal message lists the syntax.
 
 def calculator(expression: str) -> str:
-    """Exact arithmetic on integers and fractions.
+    """Exact arithmetic on integers and fractions: + - * / ** and parentheses.
 
     Args:
-        expression: The arithmetic to do.
+        expression: The arithmetic to do, e.g. 12*(3+4)/5.
     """
     if not isinstance(expression, str) or not expression.strip():
         raise ValueError("give an arithmetic expression as a string, e.g. 12*(3+4)")

@@ -122,9 +122,9 @@ def harder_validation(n: int, held_out: list[dict], seed: int = 8) -> list[dict]
 # The built-in calculator's schema as TRL builds it from its docstring (tests/test_tool_recipe.py checks that they
 # agree): the SFT traces carry it in their `tools` column, so SFT renders the same system turn as the GRPO stage.
 CALCULATOR_SCHEMA = {"type": "function", "function": {
-    "name": "calculator", "description": "Exact arithmetic on integers and fractions.",
+    "name": "calculator", "description": "Exact arithmetic on integers and fractions: + - * / ** and parentheses.",
     "parameters": {"type": "object", "properties": {"expression": {
-        "type": "string", "description": "The arithmetic to do."}}, "required": ["expression"]},
+        "type": "string", "description": "The arithmetic to do, e.g. 12*(3+4)/5."}}, "required": ["expression"]},
     "return": {"type": "string"}}}
 
 
