@@ -70,7 +70,6 @@ def test_the_traces_carry_the_calculators_own_schema_and_true_calls():
         assert exact_match([None], [row["completion"]], answer=[str(int(a) * int(b))]) == [0.0]
 
 
-
 def test_no_held_out_or_validation_product_is_trained_on():
     trained = pairs("tool_traces.jsonl") | pairs("tool_prompts.jsonl")
     held_out, validation = pairs("tool_eval.jsonl"), pairs("tool_validation.jsonl")

@@ -200,7 +200,7 @@ def tool_prompt_rows(problems: list[dict]) -> list[dict]:
 def tool_files() -> dict[str, list[dict]]:
     """tiny-tools' data: held-out and validation questions first, then SFT traces and GRPO prompts on pairs that
     neither of them has (the validation split chose the recipe's settings; the held-out one only reports). 4,000
-    distinct traces, each seen 4 times in SFT's 1,000 steps of 16: with 300 seen 21 times each (two-digit factors),
+    distinct traces, each seen 4 times in SFT's 500 steps of 32: with 300 seen 21 times each (two-digit factors),
     the tiny model memorized them instead of learning to copy the numbers into the call."""
     held_out = tool_problems(100, seed=21)
     validation = tool_problems(100, seed=22, exclude={p["pair"] for p in held_out})
