@@ -107,6 +107,12 @@ MUTANTS = [
            "    replay_sampler_passes(trainer)\n",
            "",
            ("tests/test_resume.py::test_sigkill_resumes_exactly",), select="grpo-pass_boundary or rloo-third_pass"),
+    Mutant("resume-regroups-later-passes", "a resumed length-grouped SFT stage shuffles a later pass from the "
+           "global RNG (transformers' own LengthGroupedSampler)",
+           "kitcli/training/checkpoints.py",
+           "            made.set_epoch = lambda epoch: made.generator.manual_seed(data_seed + epoch)\n",
+           "            made.generator = None\n",
+           ("tests/test_resume.py::test_a_length_grouped_sft_stage_resumes_exactly_in_a_later_pass",)),
     Mutant("judge-takes-a-probe-twice", "the judge takes a value the sandbox reported twice (the last one wins)",
            "rewards/judge.py",
            "if probe in values[test] or probe in why[test]:",

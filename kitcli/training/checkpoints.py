@@ -264,21 +264,35 @@ def restore_counters(trainer, checkpoint: Path) -> None:
 
 
 def replay_sampler_passes(trainer) -> None:
-    """Give the sampler of TRL's RL trainers (GRPO, GSPO, RLOO: trl's RepeatSampler) the `set_epoch` through which
-    the Trainer positions a sampler at a pass over the data. RepeatSampler draws each pass's shuffle from one
-    torch.Generator seeded once, so pass n of an uninterrupted run gets the generator's n-th permutation; a resumed
-    run skips the finished passes without drawing them and would shuffle pass n like the first (other prompts,
-    other completions). set_epoch(n) re-seeds the generator and draws the n permutations before it: every pass
-    gets the prompts it gets in an uninterrupted run, which it leaves unchanged."""
+    """Give the samplers that shuffle from a generator of their own the `set_epoch` through which the Trainer
+    positions a sampler at a pass over the data, so that a resumed run shuffles every pass as an uninterrupted run
+    does (a plain random sampler gets this from accelerate's SeedableRandomSampler).
+
+    - TRL's RL trainers (GRPO, GSPO, RLOO: trl's RepeatSampler) draw each pass's shuffle from one torch.Generator
+      seeded once, so pass n of an uninterrupted run gets the generator's n-th permutation; a resumed run skips the
+      finished passes without drawing them and would shuffle pass n like the first (other prompts, other
+      completions). set_epoch(n) re-seeds the generator and draws the n permutations before it: every pass gets
+      the prompts it gets in an uninterrupted run, which it leaves unchanged.
+    - `train_sampling_strategy: group_by_length` (transformers' LengthGroupedSampler) has no generator and shuffles
+      from the global RNG, whose state at a later pass a resumed run does not have: it resumed exactly within the
+      first pass only. It now gets a generator seeded with the data seed plus the pass, as accelerate's sampler
+      does, so pass n is the same shuffle in every run."""
+    from transformers.trainer_pt_utils import LengthGroupedSampler
     from trl.trainer.utils import RepeatSampler
 
     build = trainer._get_train_sampler
+    data_seed = trainer.args.data_seed if trainer.args.data_seed is not None else trainer.args.seed
 
     def sampler(*args, **kwargs):
         made = build(*args, **kwargs)
         if isinstance(made, RepeatSampler) and made.shuffle and made.seed is not None \
                 and not hasattr(made, "set_epoch"):
             made.set_epoch = lambda epoch: replay(made, epoch)
+        if isinstance(made, LengthGroupedSampler) and made.generator is None and not hasattr(made, "set_epoch"):
+            import torch
+
+            made.generator = torch.Generator().manual_seed(data_seed)
+            made.set_epoch = lambda epoch: made.generator.manual_seed(data_seed + epoch)
         return made
 
     def replay(made, epoch: int) -> None:
