@@ -327,10 +327,10 @@ def test_two_interruptions_in_a_row(uninterrupted, tmp_path):
 
 @pytest.mark.slow
 def test_a_length_grouped_sft_stage_resumes_exactly_in_a_later_pass(tmp_path):
-    """`train_sampling_strategy: group_by_length` (transformers' LengthGroupedSampler, which tiny-tools' SFT uses)
-    shuffles each pass; killed in its second pass (48 rows of 8: 6 steps a pass), the stage resumes with the
-    second pass's shuffle of the uninterrupted run. Without the seeded generator the kit gives that sampler, it
-    resumed exactly within the first pass only."""
+    """`train_sampling_strategy: group_by_length` (transformers' LengthGroupedSampler, a TrainingArguments field any
+    recipe's `train:` can set) shuffles each pass; killed in its second pass (48 rows of 8: 6 steps a pass), the
+    stage resumes with the second pass's shuffle of the uninterrupted run. Without the seeded generator the kit
+    gives that sampler, it resumed exactly within the first pass only."""
     sft = {"name": "x", "init": "sft", "type": "sft", "data": {"path": str(DATA / "arithmetic_sft.jsonl"), "limit": 48},
            "train": {"per_device_train_batch_size": 8, "learning_rate": 1e-3, "max_steps": 12, "logging_steps": 1,
                      "save_steps": 2, "save_total_limit": 100, "train_sampling_strategy": "group_by_length"}}
