@@ -5,8 +5,14 @@ naming the reward, the sample index and the value. A score outside the range the
 rewards/registry.py) stops it too, whatever on_error says: the reward broke its promise, so its scores cannot be
 trusted. With `on_error: skip` the failing sample scores None instead
 (TRL then ignores that reward for that sample; when the whole batch raised, each sample is scored alone so only
-the failing ones are skipped) and the skips are counted in the metrics (`reward_skipped/<name>`), next to the
-seconds spent in each reward (`reward_seconds/<name>`, `reward_seconds/total`).
+the failing ones are skipped) and the skips are counted in the metrics (`reward_skipped/<name>`, with the last
+error as `reward_error/<name>`), next to the seconds spent in each reward (`reward_seconds/<name>`,
+`reward_seconds/total`).
+
+TRL's contract, whole: a score is a float, an int or a bool (TRL sums them as floats), or None for "no score" (TRL
+leaves that sample out of the reward's mean; `trl.rewards.accuracy_reward` returns None for a gold answer it cannot
+parse). `reward_unscored/<name>` is the share of the samples since the last log that a reward did not score (None
+or skipped); the alarms (kitcli/display/alarms.py) name a reward that scored nothing for several logs in a row.
 """
 
 from __future__ import annotations
@@ -29,15 +35,26 @@ class RewardStats:
 
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    samples: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    unscored: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # None returned, or skipped
+    errors: dict[str, str] = field(default_factory=dict)  # the last error a skipped sample raised
     calls: int = 0
 
-    def pop_metrics(self) -> dict[str, float]:
-        metrics = {f"reward_seconds/{name}": round(value, 4) for name, value in self.seconds.items()}
+    def count(self, name: str, scores: list[float | None]) -> None:
+        self.samples[name] += len(scores)
+        self.unscored[name] += sum(score is None for score in scores)
+
+    def pop_metrics(self) -> dict[str, float | str]:
+        metrics: dict[str, float | str] = {f"reward_seconds/{name}": round(value, 4)
+                                           for name, value in self.seconds.items()}
         metrics.update({f"reward_skipped/{name}": count for name, count in self.skipped.items()})
+        metrics.update({f"reward_unscored/{name}": round(self.unscored[name] / count, 4)
+                        for name, count in self.samples.items() if count})
+        metrics.update({f"reward_error/{name}": error for name, error in self.errors.items()})
         if self.seconds:
             metrics["reward_seconds/total"] = round(sum(self.seconds.values()), 4)
-        self.seconds.clear()
-        self.skipped.clear()
+        for counts in (self.seconds, self.skipped, self.samples, self.unscored, self.errors):
+            counts.clear()
         return metrics
 
 
@@ -45,7 +62,7 @@ def check_score(value: Any) -> float | None:
     """The score as a float, None for "no score"; raises ValueError for anything else."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, Real):
+    if not isinstance(value, Real):  # bools and ints are Reals: TRL sums them as floats
         raise ValueError(f"{value!r} is not a number")
     value = float(value)
     if math.isnan(value) or math.isinf(value):
@@ -101,6 +118,7 @@ def guard_reward(reward: LoadedReward, stats: RewardStats,
             except ValueError as problem:
                 if reward.on_error == "skip":
                     stats.skipped[reward.name] += 1
+                    stats.errors[reward.name] = f"returned {problem} for a sample"
                     scores.append(None)
                     continue
                 raise KitError(f"reward '{reward.name}' returned {problem} for sample {index}; return a float "
@@ -116,6 +134,7 @@ def guard_reward(reward: LoadedReward, stats: RewardStats,
                 index, value = outside[0]
                 raise KitError(f"reward '{reward.name}' returned {value!r} for sample {index}, outside its declared "
                                f"range {format_range(reward.score_range)}; fix the function or its score_range")
+            stats.count(reward.name, scores)
             return scores
         finally:
             stats.seconds[reward.name] += time.perf_counter() - started
@@ -157,8 +176,9 @@ def score_one_by_one(call, prompts, completions, kwargs, name: str, stats: Rewar
             if value is None or len(value) != 1:
                 raise ValueError(f"returned {short(value)} for one completion")
             scores.append(check_score(value[0]))
-        except Exception:
+        except Exception as error:
             stats.skipped[name] += 1
+            stats.errors[name] = f"{type(error).__name__}: {str(error)[:120]}"
             scores.append(None)
     return scores
 

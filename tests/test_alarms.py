@@ -182,3 +182,39 @@ def test_the_dashboard_raises_the_hacking_alarm_with_its_sample(tmp_path):
     assert len(alarm) == 1 and "judge_touched" in alarm[0] and "builtins.abs = lambda x: 0" in alarm[0]
     saved = [json.loads(line) for line in (tmp_path / "alarms.jsonl").read_text().splitlines()]
     assert [a["code"] for a in saved] == ["judge_touched"]
+
+
+def test_a_reward_that_scores_nothing_is_named_with_why():
+    """TRL's contract lets a reward return None ("no score"); one that scores no sample for 3 logs in a row (every
+    score None, or every call skipped under on_error: skip) is named, with the share or the error, and clears once
+    it scores again."""
+    def none_then_back(step, logs):
+        logs["rewards/accuracy/mean"] = None if 20 <= step < 30 else 0.5
+        logs["reward_unscored/accuracy"] = 1.0 if 20 <= step < 30 else 0.25  # partly None is no alarm
+
+    codes, monitor = raised(with_changes(none_then_back, 1))
+    assert codes == [("reward_unscored/accuracy", 22)]
+    assert "reward_unscored/accuracy" not in monitor.active  # cleared at step 30
+    assert "returned None (no score) for 100% of its samples" in monitor.raised[0].message
+
+    def skipped(step, logs):
+        logs["reward_unscored/parse"] = 1.0
+        logs["reward_error/parse"] = "KeyError: 'answer'"
+
+    codes, monitor = raised(with_changes(skipped, 5))
+    assert codes == [("reward_unscored/parse", 7)]
+    assert "reward 'parse' scored no sample for 3 logging steps" in monitor.raised[0].message
+    assert "on_error: skip" in monitor.raised[0].message and "KeyError: 'answer'" in monitor.raised[0].message
+
+
+def test_length_pinned_names_the_stage_s_own_length_reward_instead_of_suggesting_one():
+    def pinned(step, logs):
+        logs["completions/clipped_ratio"] = 1.0
+        logs["rewards/soft_overlong_punishment_reward/mean"] = -0.9
+
+    _, monitor = raised(with_changes(pinned, 10))
+    message = monitor.raised[0].message
+    assert "'soft_overlong_punishment_reward' reward did not stop it" in message
+    assert "add an overlong_penalty" not in message
+    _, bare = raised(with_changes(set_("completions/clipped_ratio", 1.0), 10))
+    assert "add an overlong_penalty / format reward" in bare.raised[0].message

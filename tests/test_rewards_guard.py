@@ -34,12 +34,13 @@ def guarded(fn, name="my_reward", on_error="raise", stats=None):
     return guard_reward(LoadedReward(fn=fn, name=name, on_error=on_error), stats), stats
 
 
-@pytest.mark.parametrize("value, expected", [(1, 1.0), (0.5, 0.5), (-2, -2.0), (None, None)])
+@pytest.mark.parametrize("value, expected", [(1, 1.0), (0.5, 0.5), (-2, -2.0), (None, None), (True, 1.0),
+                                             (False, 0.0)])
 def test_check_score_accepts_numbers_and_none(value, expected):
     assert check_score(value) == expected
 
 
-@pytest.mark.parametrize("value", ["1.0", True, [1.0], float("nan"), float("inf"), object()])
+@pytest.mark.parametrize("value", ["1.0", [1.0], float("nan"), float("inf"), object()])
 def test_check_score_rejects_the_rest(value):
     with pytest.raises(ValueError):
         check_score(value)
@@ -67,11 +68,23 @@ def test_wrong_length_names_the_reward(values, words):
 
 
 @pytest.mark.parametrize("bad, shown", [("0.5", "'0.5' is not a number"), (math.nan, "nan is not a finite number"),
-                                        (True, "True is not a number"), ([1], r"\[1\] is not a number")])
+                                        ({"score": 1}, r"\{'score': 1\} is not a number"),
+                                        ([1], r"\[1\] is not a number")])
 def test_a_non_number_names_reward_sample_and_value(bad, shown):
     reward, _ = guarded(lambda prompts, completions, **kw: [1.0, bad, 0.0, 1.0])
     with pytest.raises(KitError, match=f"reward 'my_reward' returned {shown} for sample 1"):
         reward(PROMPTS, COMPLETIONS)
+
+
+def test_ints_bools_and_none_are_scores_as_trl_takes_them():
+    """TRL's contract: a float, an int, a bool (summed as 1.0 / 0.0) or None ("no score"), which the guard passes on
+    and counts as unscored."""
+    reward, stats = guarded(lambda prompts, completions, **kw: [True, 2, None, False])
+    assert reward(PROMPTS, COMPLETIONS) == [1.0, 2.0, None, 0.0]
+    assert all(type(score) is float for score in reward(PROMPTS, COMPLETIONS) if score is not None)
+    metrics = stats.pop_metrics()
+    assert metrics["reward_unscored/my_reward"] == 0.25  # 2 of 8 samples over the two calls
+    assert "reward_skipped/my_reward" not in metrics and "reward_error/my_reward" not in metrics
 
 
 def test_skip_scores_only_the_failing_samples_none_and_counts_them():
@@ -87,6 +100,9 @@ def test_skip_scores_only_the_failing_samples_none_and_counts_them():
     assert metrics["reward_skipped/my_reward"] == 1
     assert metrics["reward_skipped/nan_reward"] == 2
     assert metrics["reward_skipped/short_reward"] == 4
+    assert metrics["reward_unscored/my_reward"] == 0.25 and metrics["reward_unscored/short_reward"] == 1.0
+    assert metrics["reward_error/my_reward"] == "ZeroDivisionError: division by zero"  # raises_on_boom's error
+    assert metrics["reward_error/short_reward"] == "ValueError: returned [1.0, 1.0] for one completion"
     assert stats.pop_metrics() == {}  # popped: the next logging step starts from zero
 
 

@@ -14,7 +14,10 @@ the numbers TRL (or the kit's PPO loop) logs.
     zero_std_groups    every group had zero reward std for `zero_std_steps` steps: every advantage is zero
     kl_growing         the KL to the reference at least doubled within `kl_window` steps and is above `kl_floor`
     length_collapsed   completions were empty (mean length <= `min_length` tokens) for `length_steps` steps
-    length_pinned      (nearly) every completion hit max_completion_length for `length_steps` steps
+    length_pinned      (nearly) every completion hit max_completion_length for `length_steps` steps (the advice names
+                       the stage's own length or format reward when it has one, rather than suggesting one)
+    reward_unscored/N  reward N scored no sample (it returned None, or every call was skipped under on_error:
+                       skip) for `unscored_steps` logging steps in a row; names the share or the error
     loss_nan           the loss (or gradient norm) is NaN or infinite
     loss_exploding     |loss| above `explode_factor` x the median |loss| so far (and above `explode_floor`)
     judge_touched      completions of a code_exec stage reach for the machinery around their code (frames,
@@ -42,6 +45,7 @@ CODE_REWARD = "rewards/code_exec/mean"
 CODE_PASSED = "code_exec/tests_passed"      # logged by code_exec from the judge's own verdicts
 CODE_TOUCHES = "code_exec/judge_touches"    # share of completions whose code reaches for the judge
 CODE_EVAL_KEYS = ("eval_rewards/code_exec/mean", "eval/rewards/code_exec/mean")
+UNSCORED = "reward_unscored/"  # rewards/guard.py: the share of a reward's samples since the last log it did not score
 
 
 @dataclass
@@ -60,6 +64,7 @@ class AlarmSettings:
     explode_history: int = 5
     hack_window: int = 5
     hack_rise: float = 0.2
+    unscored_steps: int = 3
 
 
 @dataclass
@@ -95,6 +100,7 @@ class AlarmMonitor:
     history: dict[str, list[float]] = field(default_factory=dict)
     streaks: dict[str, int] = field(default_factory=dict)
     held_out: list[tuple[float, float | None]] = field(default_factory=list)  # (eval score, training reward then)
+    reward_names: list[str] = field(default_factory=list)  # the stage's rewards, as TRL logs them
 
     def remember(self, name: str, value: float | None) -> list[float]:
         values = self.history.setdefault(name, [])
@@ -111,7 +117,11 @@ class AlarmMonitor:
         comparison; the final summary is skipped."""
         if "train_runtime" in logs:
             return []
-        checks = [self.check_loss, self.check_reward, self.check_zero_std, self.check_kl, self.check_length]
+        for key in logs:
+            if key.startswith("rewards/") and key.endswith("/mean") and key[8:-5] not in self.reward_names:
+                self.reward_names.append(key[8:-5])
+        checks = [self.check_loss, self.check_reward, self.check_zero_std, self.check_kl, self.check_length,
+                  self.check_unscored]
         if all(str(k).startswith("eval_") for k in logs):
             checks = []
         found: dict[str, str] = {}
@@ -144,6 +154,7 @@ class AlarmMonitor:
             codes |= {"length_collapsed", "length_pinned"}
         if CODE_REWARD in logs:
             codes |= {"judge_touched", "reward_unbacked"}
+        codes |= {key for key in logs if key.startswith(UNSCORED)}
         return codes
 
     # --- the checks: each returns {code: message} for the conditions that hold now ---------------------------
@@ -222,8 +233,33 @@ class AlarmMonitor:
             count = self.streak("pinned", clipped >= s.pinned_ratio)
             if count >= s.length_steps:
                 found["length_pinned"] = (f"{clipped:.0%} of completions hit max_completion_length for {count} logging "
-                                          f"steps: the policy never stops; raise max_completion_length, or add an "
-                                          f"overlong_penalty / format reward")
+                                          f"steps: the policy never stops; {self.length_advice()}")
+        return found
+
+    def length_advice(self) -> str:
+        """What to do about completions that never stop, given the rewards the stage already has."""
+        own = [n for n in self.reward_names if any(word in n for word in ("overlong", "length", "format"))]
+        if own:
+            listed = ", ".join(f"'{n}'" for n in own)
+            return (f"the stage's {listed} reward{'s' * (len(own) > 1)} did not stop it; raise "
+                    f"{'their weights' if len(own) > 1 else 'its weight'} or max_completion_length")
+        return "raise max_completion_length, or add an overlong_penalty / format reward"
+
+    def check_unscored(self, logs: dict[str, Any]) -> dict[str, str]:
+        """A reward that scored no sample for `unscored_steps` logs in a row: None for everything, or skipped."""
+        found = {}
+        for key, share in logs.items():
+            if not key.startswith(UNSCORED) or not isinstance(share, (int, float)):
+                continue
+            name = key[len(UNSCORED):]
+            count = self.streak(key, share >= 1.0)
+            if count < self.settings.unscored_steps:
+                continue
+            error = logs.get(f"reward_error/{name}")
+            why = (f"every call failed and on_error: skip scored it None (last error: {error}); fix the function"
+                   if error else "it returned None (no score) for 100% of its samples; check that it reads the "
+                                 "right columns (a gold answer it can parse, the column names), or drop it")
+            found[key] = f"reward '{name}' scored no sample for {count} logging steps: {why}"
         return found
 
     def check_hacking(self, logs: dict[str, Any], samples: list[dict[str, Any]]) -> dict[str, str]:

@@ -291,6 +291,8 @@ def write_report(run_dir: Path) -> Path:
             lines += [f"Status: {record.status}.", ""]
         if (record.done or {}).get("resumed"):
             lines += [f"Interrupted and {record.done['resumed']}.", ""]
+        if (record.done or {}).get("warnings"):
+            lines += [f"- **warning**: {warning}" for warning in record.done["warnings"]] + [""]
         if stage_types.specs().get(record.type) is not None and stage_types.spec(record.type).evaluates:
             lines += eval_section(record)
             continue

@@ -329,6 +329,9 @@ def run_stages(recipe: Recipe, run_dir: Path, lock: dict[str, Any], *, force: bo
             summary["resumed"] = resumed_note(summary["resumed_from"], stage["type"])
         if main:
             ctx.dir.write_done(summary)
+            for warning in summary.get("warnings") or ():  # e.g. a reward that scored no sample in the stage
+                console.print(f"warning: stage '{ctx.name}': {warning}", highlight=False, markup=False,
+                              soft_wrap=True)
             if summary.get("rewritten"):  # what the trainer changed when it was built, beside what preflight saw
                 lock.setdefault("rewritten by the trainer", {})[ctx.name] = summary["rewritten"]
                 RunDir(run_dir).write_lock(lock)

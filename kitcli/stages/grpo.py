@@ -61,7 +61,7 @@ from kitcli.recipe.schema import RESERVED_TRAIN, StageSpec
 from kitcli.recipe.stage_context import StageContext
 from kitcli.training.checkpoints import record_effective_settings, resume_checkpoint, train
 from kitcli.training.filtering import filter_prompts, filter_summary
-from kitcli.training.progress import attach_progress, make_reward_metrics_callback, quarter_mean, read_metrics
+from kitcli.training.progress import attach_progress, make_reward_metrics_callback, read_metrics, reward_summary
 from kitcli.training.tool_use import ToolsSection, describe_tools, tool_defaults, tool_kwargs
 from kitcli.training.trainers import trainer_summary
 from kitcli.training.trl_config import COMMON_DEFAULTS, build_config, config_dict, config_summary
@@ -398,20 +398,9 @@ def train_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any]
     if "ref" in getattr(model, "peft_config", {}):
         model.delete_adapter("ref")  # TRL's frozen copy of the starting adapter; not part of the result
     save_model(model, loaded.tokenizer, ctx.stage_dir)
-    logged = read_metrics(metrics_path)
-    rewards = [row["reward"] for row in logged if "reward" in row]
-    summary = {**extra, **trainer_summary(trainer), **filter_summary(ctx), "steps": trainer.state.global_step,
-               "resumed_from": resume.name if resume else None,
-               "reward_first": quarter_mean(rewards, first=True), "reward_last": quarter_mean(rewards, first=False),
-               "backend": loaded.backend}
-    for key in sorted({k for row in logged for k in row if k.startswith("rewards/") and k.endswith("/mean")}):
-        values = [row[key] for row in logged if key in row]
-        summary[f"{key}_first"] = quarter_mean(values, first=True)
-        summary[f"{key}_last"] = quarter_mean(values, first=False)
-    if rewards:
-        summary["headline"] = (f"reward {summary['reward_first']:.3f} -> {summary['reward_last']:.3f} "
-                               f"(mean of first/last quarter of {len(rewards)} logs)")
-    return summary
+    return {**extra, **trainer_summary(trainer), **filter_summary(ctx), "steps": trainer.state.global_step,
+            "resumed_from": resume.name if resume else None, "backend": loaded.backend,
+            **reward_summary(read_metrics(metrics_path))}
 
 
 def run(ctx: StageContext) -> dict[str, Any]:

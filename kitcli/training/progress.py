@@ -43,7 +43,7 @@ def samples_from_trainer(trainer, count: int = SAMPLES_SHOWN) -> list[dict[str, 
     for index in range(max(0, len(completions) - count), len(completions)):
         scores = {name: rewards[name][index] for name in names if index < len(rewards[name])}
         sample = {"prompt": message_text(prompts[index]) if index < len(prompts) else "",
-                  "completion": message_text(completions[index]), "rewards": scores}
+                  "completion": scored_text(completions[index]), "rewards": scores}
         turns = tool_turns(completions[index])  # a completion with tool turns keeps them (stages with tools:)
         if turns is not None:
             sample["turns"] = turns
@@ -56,19 +56,75 @@ def samples_from_trainer(trainer, count: int = SAMPLES_SHOWN) -> list[dict[str, 
     return samples
 
 
+def scored_text(completion: Any) -> str:
+    """A completion's text as the rewards read it (newlines and spaces kept: format rewards score them): the string,
+    or a conversation's last message's content."""
+    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
+        completion = completion[-1].get("content") or ""
+    return completion if isinstance(completion, str) else message_text(completion)
+
+
 # --- metrics files ------------------------------------------------------------------------------------------
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     return read_jsonl(path)
 
 
-def quarter_mean(values: list[float], first: bool) -> float | None:
-    """Mean of the first (or last) quarter of the logged values: one log of a few groups is noisy."""
+def scored_values(values: list[Any]) -> list[float]:
+    """The finite numbers among logged values: TRL logs a reward that scored no sample of a step (every score None)
+    as NaN, which metrics.jsonl holds as null."""
+    return [float(v) for v in values
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+
+
+def quarter_mean(values: list[float | None], first: bool) -> float | None:
+    """Mean of the first (or last) quarter of the logs that hold a score (one log of a few groups is noisy); None
+    when no log does."""
+    values = scored_values(values)
     if not values:
         return None
     n = max(1, len(values) // 4)
     chosen = values[:n] if first else values[-n:]
     return sum(chosen) / len(chosen)
+
+
+def reward_summary(logged: list[dict[str, Any]]) -> dict[str, Any]:
+    """What DONE says of an RL stage's rewards: the total's and each reward's mean over the first and the last
+    quarter of the logs (None for a reward that scored no sample), a warning for each reward that never scored, and
+    the headline."""
+    rewards = [row["reward"] for row in logged if "reward" in row]
+    summary: dict[str, Any] = {"reward_first": quarter_mean(rewards, first=True),
+                               "reward_last": quarter_mean(rewards, first=False)}
+    for key in sorted({k for row in logged for k in row if k.startswith("rewards/") and k.endswith("/mean")}):
+        values = [row[key] for row in logged if key in row]
+        summary[f"{key}_first"] = quarter_mean(values, first=True)
+        summary[f"{key}_last"] = quarter_mean(values, first=False)
+    warnings = unscored_rewards(logged)
+    if warnings:
+        summary["warnings"] = warnings
+    if summary["reward_first"] is not None:
+        summary["headline"] = (f"reward {summary['reward_first']:.3f} -> {summary['reward_last']:.3f} "
+                               f"(mean of first/last quarter of {len(rewards)} logs)")
+    return summary
+
+
+def unscored_rewards(logged: list[dict[str, Any]]) -> list[str]:
+    """A warning for each reward that scored no sample over the whole stage (its logged mean always null), with why:
+    every call raised under on_error: skip (the last error), or it returned None."""
+    warnings = []
+    keys = [k for row in logged for k in row if k.startswith("rewards/") and k.endswith("/mean")]
+    for key in dict.fromkeys(keys):
+        if scored_values([row.get(key) for row in logged if key in row]):
+            continue
+        name = key[len("rewards/"):-len("/mean")]
+        skipped = sum(row.get(f"reward_skipped/{name}", 0) for row in logged)
+        errors = [row[f"reward_error/{name}"] for row in logged if f"reward_error/{name}" in row]
+        why = (f"all {skipped} samples were skipped under on_error: skip (last error: {errors[-1]}); fix the "
+               f"function" if errors else "it returned None (no score) for every sample; check that it reads the "
+                                          "right columns")
+        warnings.append(f"reward '{name}' scored no sample in the whole stage, so it gave no signal: {why} "
+                        f"(`kit rewards test` scores a few samples)")
+    return warnings
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
