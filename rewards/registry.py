@@ -3,8 +3,12 @@ register there through this package's own pyproject, third-party packages throug
 or `path/to/file.py:function` (relative to the recipe file).
 
 A reward is a plain callable `fn(prompts, completions, **columns) -> list[float | None]` with a stable
-`__name__`. A factory (marked with `@reward_factory`) is called with the recipe's `args` and returns one; a
-factory that declares `base_dir` or `run_dir` parameters gets the recipe's directory and the run directory.
+`__name__`. A factory is called with the recipe's `args` and returns one: any callable named with `args:`
+(TRL's `trl.rewards:get_soft_overlong_punishment`, open-r1's `get_cosine_scaled_reward`, ...), or one whose
+parameters are not a reward's (no prompts, completions, completion_ids or **kwargs) named without; kit's own
+are marked `@reward_factory`, which also lets them declare a score range. A factory that declares `base_dir` or
+`run_dir` parameters gets the recipe's directory and the run directory. `name_as:` renames a reward (TRL logs
+each by its name, so two rewards of one name in a stage are refused).
 
 Optional attributes a reward may carry: `score_range = (low, high)` (set by `@score_range(low, high)`, on the
 function or on its factory), the interval every score falls in, which the guard enforces during training;
@@ -30,13 +34,14 @@ from kitcli.errors import KitError, closest
 
 ENTRY_POINT_GROUP = "kit.rewards"
 BUILTIN_DISTRIBUTION = "lora-kit"  # this package: its rewards are the built-ins
-SPEC_KEYS = {"name", "args", "weight", "on_error"}
+SPEC_KEYS = {"name", "args", "weight", "on_error", "name_as"}
 ON_ERROR = ("raise", "skip")
 
 RewardFn = Callable[..., list]
 # Keyword arguments TRL's GRPOTrainer passes on top of the dataset columns; not columns a reward can require.
 TRAINER_ARGUMENTS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
                      "environments"}
+REWARD_PARAMETERS = {"prompts", "completions", "completion_ids"}  # what marks a callable as a reward, not a factory
 INJECTED = ("base_dir", "run_dir")
 
 
@@ -197,11 +202,30 @@ def load_named(name: str, base_dir: Path, where: str, what: str) -> tuple[Any, s
             raise KitError(f"{where}: cannot import {what} module '{target}' ({error})") from None
         source = target
     if not hasattr(module, attribute):
-        available = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        available = public_callables(module)
+        near = closest(attribute, available)
         noun = "function " if what == "reward" else ""
-        raise KitError(f"{where}: '{source}' has no {noun}'{attribute}' (callables there: "
+        raise KitError(f"{where}: '{source}' has no {noun}'{attribute}'"
+                       f"{f'; did you mean {near[0]!r}?' if near else ''} (callables there: "
                        f"{', '.join(available) or 'none'})")
     return getattr(module, attribute), f"{source}:{attribute}"
+
+
+def public_callables(module) -> list[str]:
+    """The module's public callables: its `__all__` (else every name), submodules left out. A lazily loaded module
+    (TRL's `trl.rewards`) lists them all, not only those imported so far."""
+    names = getattr(module, "__all__", None) or dir(module)
+    found = []
+    for name in names:
+        if name.startswith("_"):
+            continue
+        try:
+            value = getattr(module, name)
+        except Exception:  # a lazy name whose import fails is not offered
+            continue
+        if callable(value) and not inspect.ismodule(value):
+            found.append(name)
+    return sorted(found)
 
 
 def load_file_module(path: Path, where: str, what: str = "reward"):
@@ -232,7 +256,11 @@ def normalize_spec(raw: Any, where: str) -> dict[str, Any]:
         raise KitError(f"{where}: reward '{raw['name']}': unknown key '{key}'"
                        f"{f'; did you mean {hint[0]!r}?' if hint else ''} (allowed: {', '.join(sorted(SPEC_KEYS))})")
     spec = {"name": str(raw["name"]), "args": raw.get("args") or {}, "weight": raw.get("weight", 1.0),
-            "on_error": raw.get("on_error", "raise")}
+            "on_error": raw.get("on_error", "raise"), "name_as": raw.get("name_as")}
+    if spec["name_as"] is not None and (not isinstance(spec["name_as"], str) or not spec["name_as"].strip()
+                                        or "/" in spec["name_as"]):
+        raise KitError(f"{where}: reward '{spec['name']}': name_as must be a non-empty name without '/', got "
+                       f"{spec['name_as']!r}")
     if not isinstance(spec["args"], dict):
         raise KitError(f"{where}: reward '{spec['name']}': args must be a mapping of keyword arguments")
     if isinstance(spec["weight"], bool) or not isinstance(spec["weight"], (int, float)):
@@ -240,6 +268,26 @@ def normalize_spec(raw: Any, where: str) -> dict[str, Any]:
     if spec["on_error"] not in ON_ERROR:
         raise KitError(f"{where}: reward '{spec['name']}': on_error must be one of {', '.join(ON_ERROR)}")
     return spec
+
+
+def signature_text(fn: Callable) -> str:
+    """`name(a, b=1, **kwargs)`, as a one-line error shows a callable."""
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    try:
+        return f"{name}{inspect.signature(fn)}"
+    except (TypeError, ValueError):
+        return f"{name}(...)"
+
+
+def is_reward_signature(fn: Callable) -> bool:
+    """Whether `fn` is called as a reward: it takes prompts, completions or completion_ids, or any keyword
+    (**kwargs), which is how TRL passes them. Anything else (TRL's `get_soft_overlong_punishment(max_completion_len,
+    soft_punish_cache)`) is a factory."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True  # a builtin or C callable: only callable as it is
+    return any(p.name in REWARD_PARAMETERS or p.kind == p.VAR_KEYWORD for p in params)
 
 
 def call_factory(factory: Callable, args: dict[str, Any], name: str, base_dir: Path, run_dir: Path | None,
@@ -251,6 +299,7 @@ def call_factory(factory: Callable, args: dict[str, Any], name: str, base_dir: P
     except (TypeError, ValueError):
         signature = None
     args = dict(args)
+    shown = signature_text(factory)
     if signature is not None:
         params = signature.parameters
         takes_any = any(p.kind == p.VAR_KEYWORD for p in params.values())
@@ -261,35 +310,67 @@ def call_factory(factory: Callable, args: dict[str, Any], name: str, base_dir: P
                 hint = closest(key, allowed)
                 raise KitError(f"{where}: reward '{name}' has no argument '{key}'"
                                f"{f'; did you mean {hint[0]!r}?' if hint else ''} "
-                               f"(it takes: {', '.join(allowed) or 'no arguments'})")
+                               f"(it takes: {', '.join(allowed) or 'no arguments'}; {shown})")
         missing = [n for n, p in params.items() if p.default is p.empty and n not in args and n not in INJECTED
                    and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
         if missing:
-            raise KitError(f"{where}: reward '{name}' needs args: {', '.join(missing)} "
+            raise KitError(f"{where}: reward '{name}' is a factory, {shown}, and needs args: {', '.join(missing)} "
                            f"(e.g. args: {{{missing[0]}: ...}})")
         for key, value in (("base_dir", base_dir), ("run_dir", run_dir)):
             if key in params and key not in args:
                 args[key] = value
     try:
-        return factory(**args)
+        made = factory(**args)
     except KitError as error:
         raise KitError(f"{where}: reward '{name}': {error.format_message()}") from None
     except (TypeError, ValueError) as error:
         raise KitError(f"{where}: reward '{name}' rejected its args {args}: {error}") from None
+    except Exception as error:  # a third-party factory's own failure: one line, not a traceback
+        raise KitError(f"{where}: reward factory '{name}' ({shown}) raised {type(error).__name__}: {error}") from None
+    if not callable(made):
+        raise KitError(f"{where}: reward factory '{name}' ({shown}) returned {type(made).__name__} "
+                       f"{short_repr(made)}, not a reward function; a factory returns the callable that scores")
+    return made
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def make_reward(target: Any, spec: dict[str, Any], source: str, base_dir: Path, run_dir: Path | None,
+                where: str) -> Callable:
+    """The reward callable a spec names: `target` itself, or what it returns when it is a factory (kit's
+    @reward_factory, any callable given `args:`, or a callable whose parameters are not a reward's)."""
+    name = spec["name"]
+    if not callable(target):
+        raise KitError(f"{where}: reward '{name}' ({source}) is not callable")
+    if getattr(target, "is_reward_factory", False):
+        return call_factory(target, spec["args"], name, base_dir, run_dir, where)
+    if spec["args"]:
+        if is_reward_signature(target) and not factory_args_fit(target, spec["args"]):
+            raise KitError(f"{where}: reward '{name}' is a reward function, {signature_text(target)}, not a "
+                           f"factory, so it takes no args; remove args:, or name the factory that makes it")
+        return call_factory(target, spec["args"], name, base_dir, run_dir, where)
+    if not is_reward_signature(target):
+        return call_factory(target, {}, name, base_dir, run_dir, where)
+    return target
+
+
+def factory_args_fit(fn: Callable, args: dict[str, Any]) -> bool:
+    """Whether every key of `args` names a parameter of `fn` that is not a reward's (a factory with **kwargs)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return not any(p in params for p in REWARD_PARAMETERS) and all(k in params for k in args)
 
 
 def load_reward(raw: Any, base_dir: Path, where: str = "rewards", run_dir: Path | None = None) -> LoadedReward:
     spec = normalize_spec(raw, where)
     target, source = find_reward(spec["name"], Path(base_dir), where)
-    if getattr(target, "is_reward_factory", False):
-        fn = call_factory(target, spec["args"], spec["name"], Path(base_dir), run_dir, where)
-    elif spec["args"]:
-        raise KitError(f"{where}: reward '{spec['name']}' takes no args (it is not a @reward_factory)")
-    else:
-        fn = target
-    if not callable(fn):
-        raise KitError(f"{where}: reward '{spec['name']}' ({source}) is not callable")
-    name = getattr(fn, "__name__", spec["name"])
+    fn = make_reward(target, spec, source, Path(base_dir), run_dir, where)
+    name = spec["name_as"] or getattr(fn, "__name__", None) or spec["name"].rpartition(":")[2]
     declared = declared_range(fn if hasattr(fn, "score_range") else target, where, name)
     return LoadedReward(fn=fn, name=name, weight=float(spec["weight"]), on_error=spec["on_error"], source=source,
                         args=spec["args"], score_range=declared)
@@ -297,9 +378,23 @@ def load_reward(raw: Any, base_dir: Path, where: str = "rewards", run_dir: Path 
 
 def load_rewards(raws: list[Any], base_dir: Path, where: str = "rewards",
                  run_dir: Path | None = None) -> list[LoadedReward]:
+    """Every reward of a stage, resolved (imported, factories called), before any model loads; two of one name are
+    refused here, naming both sources (TRL logs each reward by its name)."""
     if not isinstance(raws, list):
         raise KitError(f"{where}: 'rewards' must be a list of reward names or mappings")
-    return [load_reward(raw, base_dir, f"{where}[{i}]", run_dir=run_dir) for i, raw in enumerate(raws)]
+    loaded = [load_reward(raw, base_dir, f"{where}[{i}]", run_dir=run_dir) for i, raw in enumerate(raws)]
+    for index, reward in enumerate(loaded):
+        for other_index, other in enumerate(loaded[:index]):
+            if other.name == reward.name:
+                raise KitError(f"{where}: rewards[{other_index}] ({other.source}) and rewards[{index}] "
+                               f"({reward.source}) are both named '{reward.name}'; metrics are logged by name, so "
+                               f"give one another name with name_as: (e.g. {{name: {raws_name(raws[index])}, "
+                               f"name_as: {reward.name}_2}}), or set __name__ in its factory")
+    return loaded
+
+
+def raws_name(raw: Any) -> str:
+    return str(raw["name"] if isinstance(raw, dict) else raw)
 
 
 def required_columns(fn: Callable) -> list[str]:

@@ -3,10 +3,9 @@
 Sections shared by every recipe live here (`ModelSpec`, `LoraSpec`, `DataSpec`, `RewardSpec`, `RewardModelSpec`,
 `GenerationSpec`); each stage type declares its own section model and its `StageSpec` in its module
 (`kitcli/stages/<type>.py`), and `kitcli/recipe/stage_types.py` collects them. `validate_recipe` checks a whole recipe,
-`--set` overrides included, before anything heavy is imported: unknown keys (with a "did you mean"), types,
-ranges, the `train:` block against the stage's trainer config (kitcli/recipe/config_fields.py), and the rules between
-stages (`init:` and `reward_model:` name earlier stages of a type they can use). A fault is one line that names the
-file, the key and what was expected.
+`--set` overrides included, before anything heavy is imported: unknown keys (with a "did you mean"), types, ranges,
+the `train:` block against the stage's trainer config (kitcli/recipe/config_fields.py), and the rules between stages
+(`init:` and `reward_model:` name earlier stages of a type they can use). A fault is one line naming file and key.
 """
 
 from __future__ import annotations
@@ -169,6 +168,7 @@ class RewardSpec(Section):
     args: dict[str, Any] = Field(default_factory=dict, description="A factory's arguments.")
     weight: float = Field(1.0, description="Its weight in the total reward.")
     on_error: Literal["raise", "skip"] = Field("raise", description="skip: score a failing sample None.")
+    name_as: str | None = Field(None, description="The name it is logged under (two rewards of one name).")
 
     @model_validator(mode="before")
     @classmethod

@@ -28,6 +28,7 @@ from kitcli.recipe import stage_types
 from kitcli.recipe.load import Recipe
 from kitcli.recipe.stage_context import StageContext
 from kitcli.run.findings import Finding, cut_finding
+from kitcli.run.reward_check import reward_findings
 from kitcli.run.tool_check import row_schemas, tool_length_findings
 from kitcli.training.tool_use import stage_schemas
 
@@ -369,13 +370,17 @@ def check_recipe(recipe: Recipe, run_dir: Path | None = None, console=None) -> l
     tokenizer = load_tokenizer(recipe.data["model"]["name"])
     outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
     found: list[Finding] = []
-    if tokenizer is None:
-        return [Finding("model", "tokenizer", "info", recipe.data["model"]["name"],
-                        "its tokenizer is not available here (offline?), so lengths were not measured")]
+    if tokenizer is None:  # the rewards still resolve: that needs no model
+        for stage in recipe.stages:
+            ctx = StageContext(recipe, stage, run_dir, console, outputs)
+            found += reward_findings(ctx, stage_rows(ctx))
+        return found + [Finding("model", "tokenizer", "info", recipe.data["model"]["name"],
+                                "its tokenizer is not available here (offline?), so lengths were not measured")]
     render = Renderer(tokenizer)
     for stage in recipe.stages:
         ctx = StageContext(recipe, stage, run_dir, console, outputs)
         rows = stage_rows(ctx)
+        found += reward_findings(ctx, rows)
         if rows is None:
             found.append(Finding(ctx.name, "data", "info", stage["data"]["path"], "a hub dataset: read when it runs"))
             continue
