@@ -187,3 +187,22 @@ def test_grpo_stage_shows_rewards_and_keeps_recent_completions(in_tmp, tiny_mode
     assert "How many" in saved[0]["prompt"]
     report = (in_tmp / "run" / "report.md").read_text()
     assert "Recent completions (step 2):" in report and (in_tmp / "run" / "plots" / "grpo.svg").exists()
+
+
+def test_five_long_named_rewards_leave_the_completion_60_characters(tmp_path):
+    names = ["exact_match_numeric", "format_think_answer", "ends_with_answer_tag", "length_penalty_overlong",
+             "reasoning_steps_counted"]
+    completion = ("<think>Ada starts with 3 apples and is given 5 more, so 3 + 5 = 8 apples in all.</think> "
+                  "<answer>8</answer>")
+    samples = [{"prompt": "Ada has 3 apples and gets 5 more. How many apples does Ada have?", "completion": completion,
+                "rewards": {name: 0.5 * i for i, name in enumerate(names)}, "reward": 5.0}]
+    console = Console(file=io.StringIO(), force_terminal=True, width=160, record=True)
+    drive(StageDashboard("grpo", tmp_path / "metrics.jsonl", console, stage_type="grpo", index=1, total=1),
+          STREAMS["grpo"][0], steps=2, samples=samples)
+    text = console.export_text()
+    table = text[text.rindex("recent completions"):]
+    shown = next(n for n in range(len(completion), 0, -1) if completion[:n] in table)  # characters of it shown
+    assert shown >= 60, table
+    for name in names:  # every reward still named with its score
+        assert name in table, table
+    assert "reasoning_steps_counted 2" in table and "length_penalty_overlong 1.5" in table

@@ -112,3 +112,33 @@ def test_a_datasets_file_loader_name_is_refused_not_run_on_the_working_directory
     recipe = write_recipe(tmp_path / "r.yaml", [{"name": "sft", "type": "sft", "data": name}])
     line = fails("run", recipe, "--dry-run")
     assert f"data '{name}' is neither a file here nor a hub dataset" in line and "data/train.jsonl" in line
+
+
+PIRATE = {"role": "system", "content": "You are a pirate."}
+
+
+def test_a_stage_system_prompt_replaces_the_rows_own_system_message():
+    """SFT rows (messages, or prompt + completion) and GRPO prompts that open with their own system message end with
+    exactly one system message, the stage's; rows without one get it put first."""
+    from kitcli.data.rows import apply_system_prompt, with_system_prompt
+
+    user, reply = {"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"}
+    rows = [{"messages": [PIRATE, user, reply]}, {"prompt": [PIRATE, user], "completion": "2"},
+            {"prompt": "1+1=", "completion": "2"}]
+    out = apply_system_prompt(rows, "Answer with a number.", "test", "rows.jsonl")
+    stage = {"role": "system", "content": "Answer with a number."}
+    assert out[0]["messages"] == [stage, user, reply]
+    assert out[1]["prompt"] == [stage, user] and out[2]["prompt"] == [stage, user]
+    assert with_system_prompt([PIRATE, user], "Answer with a number.") == [stage, user]  # GRPO's and PPO's prompts
+
+
+def test_dry_run_shows_the_stage_system_prompt_in_place_of_the_rows(tmp_path):
+    from helpers import run_cli, write_recipe
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"messages": [PIRATE, {"role": "user", "content": "1+1="},
+                                             {"role": "assistant", "content": "2"}]}) + "\n")
+    recipe = write_recipe(tmp_path / "r.yaml", [{"name": "sft", "type": "sft", "data": str(data),
+                                                 "system_prompt": "Answer with a number."}])
+    shown = run_cli("run", recipe, "--dry-run").output.split("# row 1 as the model sees it:")[1]
+    assert "Answer with a number." in shown and "pirate" not in shown and shown.count("system") == 1

@@ -125,3 +125,54 @@ def test_preview_errors(failing_reward, tmp_path):
                                                          "data": str(DATA / "arithmetic_prompts.jsonl"),
                                                          "rewards": ["code_exec"]}])
     assert "reward 'code_exec' needs column 'tests'" in run_cli("rewards", "preview", missing_column, expect=2).output
+
+
+# --- kit rewards test: samples in the other format from the reward's --------------------------------------------
+
+NOTEBOOK_REWARDS = '''
+def correctness(prompts, completions, answer, **kwargs):  # the Unsloth notebooks' style
+    return [2.0 if c[0]["content"] == a else 0.0 for c, a in zip(completions, answer)]
+
+def stripped(prompts, completions, answer, **kwargs):
+    return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]
+
+def counts_digits(prompts, completions, **kwargs):
+    import re
+    return [float(len(re.findall(r"[0-9]", c))) for c in completions]
+
+def adds_one(prompts, completions, **kwargs):
+    return [c + 1 for c in completions]
+'''
+
+
+@pytest.mark.parametrize("name, samples, says", [
+    ("correctness", ['"8"', '"7"'], "raised TypeError: string indices must be integers"),
+    ("stripped", ['[{"role": "assistant", "content": "8"}]'], "raised AttributeError: 'list' object has no "
+                                                             "attribute 'strip'"),
+    ("counts_digits", ['[{"role": "assistant", "content": "8"}]'], "raised TypeError: expected string or bytes-like "
+                                                                  "object"),
+])
+def test_rewards_test_says_when_the_samples_are_in_the_other_format(name, samples, says, tmp_path):
+    module = tmp_path / "notebook.py"
+    module.write_text(NOTEBOOK_REWARDS)
+    data = tmp_path / "samples.jsonl"
+    data.write_text("".join(f'{{"completion": {s}, "answer": "8"}}\n' for s in samples))
+    result = run_cli("rewards", "test", f"{module}:{name}", "--data", data, expect=2)
+    line = result.output.strip()
+    assert "\n" not in line and "Traceback" not in line and f"reward '{name}' {says}" in line
+    assert f"'{data}'" in line
+    if samples[0].startswith('"'):
+        assert ("completions in" in line and "are plain strings; write them as messages, e.g. {\"completion\": "
+                "[{\"role\": \"assistant\", \"content\": \"...\"}]}" in line and "data: {chat: true}" in line)
+    else:
+        assert "are lists of messages; write them as strings, e.g. {\"completion\": \"...\"}" in line
+
+
+def test_rewards_test_keeps_the_plain_error_for_other_faults(tmp_path):
+    """A TypeError of the reward's own on samples of the right format is not called a format mismatch."""
+    module = tmp_path / "notebook.py"
+    module.write_text(NOTEBOOK_REWARDS)
+    data = tmp_path / "samples.jsonl"
+    data.write_text('{"completion": "8", "answer": "8"}\n')
+    line = run_cli("rewards", "test", f"{module}:adds_one", "--data", data, expect=2).output
+    assert "reward 'adds_one' raised TypeError: can only concatenate str" in line and "as messages" not in line

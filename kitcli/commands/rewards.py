@@ -115,7 +115,13 @@ def rewards_test(reward: str, data_path: str, arg_items: tuple[str, ...], run_di
     prompts = [row.get("prompt", "") for row in rows]
     completions = [row["completion"] for row in rows]
     columns = {key: [row.get(key) for row in rows] for key in rows[0] if key not in ("prompt", "completion")}
-    report = score_sample(loaded, prompts, completions, columns, keep_going=False)
+    try:
+        report = score_sample(loaded, prompts, completions, columns, keep_going=False)
+    except KitError as error:
+        mismatch = shape_mismatch(error, loaded.name, completions, where, path)
+        if mismatch is None:
+            raise
+        raise KitError(mismatch) from None
 
     out = console()
     shown = [c for c in required_columns(loaded.fn) if c in rows[0]]
@@ -139,6 +145,31 @@ def rewards_test(reward: str, data_path: str, arg_items: tuple[str, ...], run_di
         rows_at = ", ".join(str(i) for i in list(outside)[:10]) + (" ..." if len(outside) > 10 else "")
         raise KitError(f"{where}: reward '{loaded.name}' scored outside its declared range "
                        f"{format_range(loaded.score_range)} on rows {rows_at}; fix the function or its score_range")
+
+
+def shape_mismatch(error: KitError, name: str, completions: list[Any], where: str, path: Path) -> str | None:
+    """When a reward failed because it reads completions in the other format (a notebook's `completion[0]["content"]`
+    on plain strings, or `.strip()` / `re.search` on lists of messages), the line that says so and how to convert;
+    else None. Told by the samples' shape and the exception the guard caught (its KitError's context), not by reading
+    the reward's source."""
+    raised = error.__context__
+    if not isinstance(raised, (TypeError, AttributeError)):
+        return None
+    text = str(raised)
+    said = f"reward '{name}' raised {type(raised).__name__}: {text}"
+    if all(isinstance(c, str) for c in completions) and (
+            "string indices" in text or "'str' object has no attribute" in text):
+        return (f"{where}: {said}: it reads each completion as a list of messages, but the completions in '{path}' "
+                f"are plain strings; write them as messages, e.g. {{\"completion\": [{{\"role\": \"assistant\", "
+                f"\"content\": \"...\"}}]}} (in a run, rewards get messages when the stage's prompts are message "
+                f"lists, e.g. data: {{chat: true}})")
+    if all(isinstance(c, list) for c in completions) and (
+            "'list' object has no attribute" in text or (isinstance(raised, TypeError) and "list" in text)):
+        return (f"{where}: {said}: it reads each completion as a string, but the completions in '{path}' are lists "
+                f"of messages; write them as strings, e.g. {{\"completion\": \"...\"}}, or read the text in the "
+                f"reward as completion[-1][\"content\"] (in a run, rewards get strings when the stage's prompts are "
+                f"strings)")
+    return None
 
 
 def print_distribution(out, report) -> None:

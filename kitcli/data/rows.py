@@ -193,12 +193,14 @@ def to_dataset(rows: list[dict[str, Any]]):
 # --- prompts ----------------------------------------------------------------------------------------------------
 
 def with_system_prompt(prompt: Any, system: str | None) -> Any:
-    """A prompt as a conversation that opens with `system` (string prompts become a user turn)."""
+    """A prompt as a conversation that opens with `system` (string prompts become a user turn). A conversation that
+    opens with a system message of its own has it replaced: the stage's `system_prompt:` wins, so that a recipe says
+    what every row's model sees (keeping the row's would drop the stage's without a word)."""
     if system is None:
         return prompt
     messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
     if messages and messages[0].get("role") == "system":
-        return messages
+        messages = messages[1:]
     return [{"role": "system", "content": system}, *messages]
 
 
@@ -210,7 +212,8 @@ def apply_system_prompt(rows: list[dict[str, Any]], system: str | None, where: s
     """Every row with `system` as its conversation's first message, the same way in every stage: a `prompt` becomes
     [system, user] (and, for SFT and preference rows, the completion or chosen / rejected an assistant turn, since
     TRL needs both sides in one format); `messages` (and implicit-prompt chosen / rejected conversations) get the
-    system message first. Plain `text` rows have no turns to put it before."""
+    system message first. A row whose conversation opens with its own system message has it replaced by `system`
+    (`with_system_prompt`). Plain `text` rows have no turns to put it before."""
     if system is None:
         return rows
     out = []

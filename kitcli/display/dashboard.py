@@ -27,7 +27,7 @@ from rich.console import Console
 
 from kitcli.display.alarms import AlarmMonitor
 from kitcli.display.conversation import turns_line
-from kitcli.display.formatting import clip, format_value
+from kitcli.display.formatting import clip, format_value, message_text
 from kitcli.recipe import stage_types
 from kitcli.rundir import StageDir
 
@@ -37,6 +37,8 @@ NOT_SHOWN = {"epoch", "step", "total_flos", "num_tokens", "train_runtime", "trai
 TREND = "▁▂▃▄▅▆▇█"
 TREND_POINTS = 24
 SAMPLES_SHOWN = 3
+REWARD_CELL = 32  # the sample table's reward column at its widest
+COMPLETION_SHOWN = 60  # characters of a completion the sample table keeps when the console has room
 MODES = ("auto", "quiet", "json")
 
 
@@ -121,7 +123,8 @@ def shown_metrics(logs: dict[str, Any], stage_type: str | None) -> list[tuple[st
         if "*" in key:
             head, tail = (prefix + key).split("*")
             for logged in logs:
-                if logged.startswith(head) and logged.endswith(tail) and is_number(logs[logged]):
+                if logged.startswith(head) and logged.endswith(tail) and (is_number(logs[logged])
+                                                                           or logs[logged] is None):
                     name = logged[len(head): len(logged) - len(tail)]
                     shown.append((logged, prefix + name))
         elif is_number(logs.get(prefix + key)):
@@ -129,8 +132,13 @@ def shown_metrics(logs: dict[str, Any], stage_type: str | None) -> list[tuple[st
     return shown
 
 
+def shown_value(value: Any) -> str:
+    """A metric as the dashboard shows it; "n/a" for a reward that scored no sample of the step (TRL logs NaN)."""
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else format_value(value)
+
+
 def headline(logs: dict[str, Any], stage_type: str | None = None) -> str:
-    return "  ".join(f"{label} {format_value(logs[key])}" for key, label in shown_metrics(logs, stage_type))
+    return "  ".join(f"{label} {shown_value(logs[key])}" for key, label in shown_metrics(logs, stage_type))
 
 
 def trend_line(values: list[float], points: int = TREND_POINTS) -> str:
@@ -354,7 +362,7 @@ class StageDashboard:
             grid.add_column()
         cells = []
         for key, label in shown:
-            cell = Text(f"{label} {format_value(logs[key])} ", style="bold")
+            cell = Text(f"{label} {shown_value(logs[key])} ", style="bold")
             cell.append(trend_line(self.history.get(key, [])), style="cyan")
             cells.append(cell)
         for start in range(0, len(cells), columns):
@@ -366,18 +374,41 @@ class StageDashboard:
         from rich.text import Text
 
         table = Table(title="recent completions", title_justify="left", show_edge=False, expand=True)
-        table.add_column("reward", justify="right", no_wrap=True)
-        table.add_column("prompt", ratio=2, overflow="ellipsis", no_wrap=True)
-        table.add_column("completion", ratio=3, overflow="ellipsis", no_wrap=True)
+        # The rewards take at most REWARD_CELL columns (several lines when there are many) and the prompt gives way
+        # before the completion, which keeps COMPLETION_SHOWN characters wherever the console has room for them.
+        room = self.console.width - 4 - REWARD_CELL - 7  # the panel's border and padding, the columns' separators
+        table.add_column("reward", justify="right", no_wrap=True, overflow="ellipsis", max_width=REWARD_CELL)
+        table.add_column("prompt", width=max(10, min(room * 2 // 5, room - COMPLETION_SHOWN)), overflow="ellipsis",
+                         no_wrap=True)
+        table.add_column("completion", ratio=1, overflow="ellipsis", no_wrap=True)
         for sample in self.samples:
-            scores = sample.get("rewards") or {}
-            total = sample.get("reward")
-            if total is None and scores:
-                total = sum(v for v in scores.values() if v is not None and math.isfinite(v))
-            detail = " ".join(f"{n} {format_value(v)}" for n, v in scores.items()) if len(scores) > 1 else ""
-            shown = format_value(total) if total is not None else "-"
-            table.add_row(Text(f"{shown} ({detail})" if detail else shown),
-                          Text(clip(sample.get("prompt", ""), 80)),
+            table.add_row(reward_cell(sample), Text(clip(sample.get("prompt", ""), 80)),
                           Text(turns_line(sample["turns"], 120) if sample.get("turns") else
-                               clip(sample.get("completion", ""), 120)))
+                               message_text(sample.get("completion", ""), 120)))  # as one line
         return table
+
+
+def reward_cell(sample: dict[str, Any]):
+    """A sample's total reward, with each reward's score when there are several: on one line while that fits in
+    REWARD_CELL, else the total above the `name score` pairs, as many to a line as fit."""
+    from rich.text import Text
+
+    scores = sample.get("rewards") or {}
+    total = sample.get("reward")
+    if total is None and scores:
+        total = sum(v for v in scores.values() if v is not None and math.isfinite(v))
+    shown = format_value(total) if total is not None else "-"
+    if len(scores) < 2:
+        return Text(shown)
+    parts = [f"{clip(name, REWARD_CELL - 1 - len(score))} {score}"  # a long name is cut, never its score
+             for name, score in ((name, format_value(value)) for name, value in scores.items())]
+    line = f"{shown} ({' '.join(parts)})"
+    if len(line) <= REWARD_CELL:
+        return Text(line)
+    lines = [shown, parts[0]]
+    for part in parts[1:]:
+        if len(lines[-1]) + 2 + len(part) <= REWARD_CELL:
+            lines[-1] += "  " + part
+        else:
+            lines.append(part)
+    return Text("\n".join(lines))
