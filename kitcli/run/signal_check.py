@@ -6,12 +6,19 @@ output of its `init:` stage in the run directory `kit run` would use), sample k 
 `tools:` live, as it trains), score them
 with its rewards (kitcli/training/signal.py) and report the share of groups with zero reward variance (and why:
 all solved, none solved, truncated), the reward mean and spread, the share truncated at max_completion_length,
-each reward's distribution and, for a stage with `filter:`, the same figures after filtering. A stage whose
-starting policy has not been trained yet is reported as not measured.
+each reward's distribution (mean, spread, the share it did not score; a reward that is constant or never scores is
+named) and, for a stage with `filter:`, the same figures after filtering. The pass rate needs a pass rule
+(kitcli/training/signal.py): a stage without `filter:` whose rewards declare no finite range (TRL's, open-r1's)
+gets every other figure and a pass rate "not defined". A constant reward next to a reference column written as
+GSM8K writes it ("... #### 42") is told why. A stage whose starting policy has not been trained yet is reported as
+not measured.
 """
 
 from __future__ import annotations
 
+import inspect
+import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +42,82 @@ def starting_policy(ctx: StageContext) -> tuple[Path | None, str | None]:
 
 
 def figures_text(figures: dict[str, Any]) -> str:
+    """The reward signal's line: the pass rate only where one is defined, "no score" where nothing scored."""
+    reward = "no score" if figures["reward_mean"] is None else \
+        (f"{figures['reward_mean']:.3f} +- {figures['reward_std']:.3f} (within groups "
+         f"{figures['within_group_std']:.3f})")
+    unscored = f", unscored {figures['unscored_share']:.0%}" if figures.get("unscored_share") else ""
+    passed = "" if figures.get("pass_rate_mean") is None else f", pass rate {figures['pass_rate_mean']:.2f}"
     return (f"{figures['prompts']} prompts x {figures['k']}: zero-variance groups {figures['zero_variance_share']:.0%}"
-            f", reward {figures['reward_mean']:.3f} +- {figures['reward_std']:.3f} (within groups "
-            f"{figures['within_group_std']:.3f}), truncated {figures['truncated_share']:.0%}, pass rate "
-            f"{figures['pass_rate_mean']:.2f}")
+            f", reward {reward}{unscored}, truncated {figures['truncated_share']:.0%}{passed}")
+
+
+GSM8K_ANSWER = re.compile(r"\S.*####\s*(\S[^\n]*?)\s*$", re.DOTALL)  # "Natalia sold 48/2 = 24 ... #### 72"
+
+
+def worked_solution_column(rows: list[dict[str, Any]]) -> tuple[str, str, str] | None:
+    """(column, a value, the answer after '####') when a reference column holds GSM8K's worked solutions, which a
+    reward comparing a final answer with the column as it is never matches; else None."""
+    for column in [key for key in rows[0] if key not in ("prompt", "completion")] if rows else []:
+        values = [row.get(column) for row in rows]
+        if all(isinstance(v, str) and GSM8K_ANSWER.match(v) for v in values):
+            return column, values[0], GSM8K_ANSWER.match(values[0]).group(1)
+    return None
+
+
+def reads_column(fn, column: str) -> bool | None:
+    """Whether reward `fn` takes `column`: True when a parameter names it, None when only **kwargs may hold it."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.name == column for p in parameters):
+        return True
+    return None if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters) else False
+
+
+def worked_solution_hint(reward, dist: dict[str, Any], reference: tuple[str, str, str] | None) -> str:
+    """Why a reward constant at its lowest (its declared minimum, else 0: what a mismatch scores) may be so: the
+    column it compares with is a GSM8K worked solution."""
+    if reference is None or not dist["constant"]:
+        return ""
+    low = reward.score_range[0] if reward.score_range is not None else 0.0
+    if dist["min"] != (low if math.isfinite(low) else 0.0):
+        return ""
+    column, value, answer = reference
+    reads = reads_column(reward.fn, column)
+    if reads is False:
+        return ""
+    shown = value if len(value) <= 60 else "..." + value[-57:]
+    told = (f"column '{column}' holds a worked solution with the answer after '####' (e.g. {shown!r}), and the "
+            f"reward compares against it as is")
+    return (f"; {told if reads else 'if ' + told}: a final answer never equals it; give the reward a column holding "
+            f"only the part after '####' ({answer!r}), e.g. {column}.split('####')[-1].strip()")
+
+
+def reward_finding(stage: str, name: str, dist: dict[str, Any], samples: int, hint: str = "") -> Finding:
+    """One reward's distribution; a reward that never scores, scores the same every time or scores only some
+    samples says so (a constant one with `hint`: kitcli's guess at why)."""
+    if dist["mean"] is None:
+        return Finding(stage, f"reward {name}", "warn", f"never scored: None for {samples} of {samples} samples, "
+                                                        f"{dist['unscored']:.0%} not scored",
+                       "it returned None (no score) for every sample: TRL ignores it, so it adds no signal; check "
+                       "that the columns it reads are filled in")
+    text = (f"mean {dist['mean']:.3f} +- {dist['std']:.3f}, min {dist['min']:.3f}, max {dist['max']:.3f}, at max "
+            f"{dist['share_at_max']:.0%}, scored {dist['scored']:.0%}")
+    unscored = round(dist["unscored"] * samples)
+    not_scored = f"; no score (None) for {unscored} of {samples} samples ({dist['unscored']:.0%})" if unscored else ""
+    if not dist["constant"]:
+        return Finding(stage, f"reward {name}", "ok", text, "varies" + not_scored)
+    return Finding(stage, f"reward {name}", "warn", text, f"constant ({dist['min']:g} for every sample it scored): "
+                                                          f"it adds no signal{not_scored}{hint}")
 
 
 def stage_signal(ctx: StageContext, prompts: int, log) -> tuple[list[Finding], dict[str, Any] | None]:
     """The findings of one RL stage, and its figures (None when not measured)."""
     from kitcli.models.backend import load_stage_policy
     from kitcli.training.filtering import filter_record, keep_within, measure_groups, sampling_settings
-    from kitcli.training.signal import pass_rule, summarize, why_no_signal
+    from kitcli.training.signal import no_pass_rate, pass_rule, summarize, why_no_signal
     from kitcli.training.tool_use import stage_toolbox
     from rewards.registry import load_rewards
 
@@ -62,7 +134,7 @@ def stage_signal(ctx: StageContext, prompts: int, log) -> tuple[list[Finding], d
     spec = ctx.stage.get("filter") or {}
     k = spec.get("k") or values["num_generations"]
     names = [r["name"] if isinstance(r, dict) else r for r in ctx.stage.get("rewards") or []]
-    rule = pass_rule(rewards, spec, ctx.where, names)
+    rule = pass_rule(rewards, spec, ctx.where, names, required=bool(ctx.stage.get("filter")))
     rows = stage_types.spec(ctx.stage["type"]).rows(ctx)[:prompts]
     sampling, max_new_tokens = sampling_settings(values)
     loaded = load_stage_policy(ctx.model, lora=None, seed=ctx.seed, init_from=init_dir, trainable=False, log=log,
@@ -71,22 +143,22 @@ def stage_signal(ctx: StageContext, prompts: int, log) -> tuple[list[Finding], d
                             max_new_tokens=max_new_tokens, seed=ctx.seed,
                             toolbox=stage_toolbox(ctx, loaded.tokenizer, values))
     figures = summarize(groups)
-    figures["pass"] = rule.describe
+    figures["pass"] = None if rule is None else rule.describe
     found = [Finding(stage, "reward signal", "ok", figures_text(figures), "most groups can teach")]
     warning = why_no_signal(figures)
     if warning:
         found[0].level, found[0].verdict = "warn", warning
+    if rule is None:
+        figures["no_pass_rate"] = no_pass_rate(rewards)
+        found.append(Finding(stage, "pass rate", "info", "", figures["no_pass_rate"]))
     if figures["truncated_share"] > 0.5:
         found.append(Finding(stage, "truncated completions", "warn", f"{figures['truncated_share']:.0%} of "
                              f"{figures['prompts'] * k}", f"most completions hit max_completion_length "
                              f"{max_new_tokens}; raise train.max_completion_length"))
-    for name, dist in figures["rewards"].items():
-        text = "never scored" if dist["mean"] is None else \
-            (f"mean {dist['mean']:.3f}, min {dist['min']:.3f}, max {dist['max']:.3f}, at max {dist['share_at_max']:.0%}"
-             f", scored {dist['scored']:.0%}")
-        constant = dist["mean"] is not None and dist["min"] == dist["max"]
-        found.append(Finding(stage, f"reward {name}", "warn" if constant else "ok", text,
-                             "the same score for every sample: it adds no signal" if constant else "varies"))
+    reference = worked_solution_column(rows)
+    for reward in rewards:
+        found.append(reward_finding(stage, reward.name, figures["rewards"][reward.name], figures["prompts"] * k,
+                                    worked_solution_hint(reward, figures["rewards"][reward.name], reference)))
     if ctx.stage.get("filter"):
         kept = keep_within(groups, spec["min_pass"], spec["max_pass"])
         record = filter_record(groups, kept, spec, rule.describe, "check")
