@@ -113,6 +113,13 @@ MUTANTS = [
            "            made.set_epoch = lambda epoch: made.generator.manual_seed(data_seed + epoch)\n",
            "            made.generator = None\n",
            ("tests/test_resume.py::test_a_length_grouped_sft_stage_resumes_exactly_in_a_later_pass",)),
+    Mutant("resume-trains-past-max-steps", "a stage resumed from its checkpoint at max_steps trains again "
+           "(transformers' resume: one step and one checkpoint past max_steps)",
+           "kitcli/training/checkpoints.py",
+           "    if finished_steps(checkpoint) is not None:\n",
+           "    if False:\n",
+           ("tests/test_resume.py::test_sigkill_resumes_exactly",),
+           select="sft-final_checkpoint or grpo-final_checkpoint"),
     Mutant("judge-takes-a-probe-twice", "the judge takes a value the sandbox reported twice (the last one wins)",
            "rewards/judge.py",
            "if probe in values[test] or probe in why[test]:",

@@ -2,16 +2,23 @@
 ends with the same adapter and the same logged metrics as an uninterrupted run of the same recipe (training on this
 CPU is deterministic, so the comparison is exact up to float noise). Every stage type that samples (GRPO, GSPO, RLOO
 with steps_per_generation > 1, PPO; all with a KL term) runs several short passes over a few prompts and is killed
-within its first pass, right after a pass boundary, in its third pass and while a checkpoint is half written. Also
-after SIGINT and SIGTERM (a clean stop that saves a checkpoint) and after two interruptions in a row; a checkpoint
-that cannot resume faithfully is refused.
+within its first pass, right after a pass boundary, in its third pass and while a checkpoint is half written. Every
+stage type is also killed after its final checkpoint (the one at max_steps) and before its adapter and DONE (a crash
+in the summary, a full disk while saving the adapter): it resumes without training, to the uninterrupted run's
+adapter, metrics and DONE, with no step and no checkpoint past max_steps; GRPO also dies in its end work, after the
+end of training was logged and the adapter saved (its end is logged once), and a full fine-tuning SFT stage
+(`lora: false`) is killed after its final checkpoint too. Also after SIGINT and SIGTERM (a clean
+stop that saves a checkpoint) and after two interruptions in a row; a checkpoint that cannot resume faithfully is
+refused.
 
 Each uninterrupted run happens once per stage type (in-process, through the CLI) and keeps every checkpoint. A run
 killed right after checkpoint N is that run's directory cut back to checkpoint N (as_killed_after_checkpoint: the
 bytes a killed process leaves, without starting one); real processes are killed where the kill itself matters:
 inside a checkpoint write (every sampling type, SIGKILL), on SIGINT / SIGTERM, and twice in a row. Those processes
 are forked from the test process (tests/forked.py: a real process, without a fresh interpreter's 7 s of imports).
-Resumes run in-process."""
+PPO writes a checkpoint at max_steps only when a stop arrives during its last step (it saves its adapter right
+after that step otherwise), so its final checkpoint is made that way: resumed from checkpoint max_steps - 1 and
+stopped by a SIGTERM during the last step (in-process). Resumes run in-process."""
 
 from __future__ import annotations
 
@@ -49,21 +56,23 @@ STAGES = {
                                                                          "learning_rate": 1e-3}},
     # The stage types that sample: a few prompts, so that a pass over them is short (GRPO / RLOO: 2 prompts of 4
     # completions per generation batch, 2 optimizer steps each, 4 steps a pass; GSPO: its 4 steps per generation
-    # batch, 8 a pass; PPO: 4 prompts a step, 2 steps a pass), three passes, a KL term in every one.
+    # batch, 8 a pass; PPO: 4 prompts a step, 2 steps a pass), a KL term in every pass. GRPO, GSPO and RLOO end
+    # half-way through their fourth pass: transformers' Trainer, resumed from a checkpoint at max_steps inside a
+    # pass, trained a step past it (at a pass boundary it trained none).
     "grpo": {"type": "grpo", "variant": "grpo", "data": {"path": PROMPTS, "limit": 4},
              "rewards": ["exact_match", "varied.py:varied"],
              "train": {"per_device_train_batch_size": 4, "num_generations": 4, "steps_per_generation": 2,
                        "max_completion_length": 4, "temperature": 1.0, "learning_rate": 1e-3, "beta": 0.04,
-                       "max_steps": 12}},
+                       "max_steps": 14}},
     "gspo": {"type": "gspo", "data": {"path": PROMPTS, "limit": 4}, "rewards": ["exact_match", "varied.py:varied"],
              "train": {"per_device_train_batch_size": 2, "num_generations": 4, "max_completion_length": 4,
-                       "temperature": 1.0, "learning_rate": 1e-3, "beta": 0.04, "save_steps": 4, "max_steps": 24}},
+                       "temperature": 1.0, "learning_rate": 1e-3, "beta": 0.04, "save_steps": 4, "max_steps": 28}},
     "kto": {"type": "kto", "data": PREFS, "eval_fraction": 0, "train": {"per_device_train_batch_size": 8,
                                                                          "learning_rate": 1e-3}},
     "rloo": {"type": "rloo", "data": {"path": PROMPTS, "limit": 4}, "rewards": ["exact_match", "varied.py:varied"],
              "train": {"per_device_train_batch_size": 4, "num_generations": 4, "steps_per_generation": 2,
                        "max_completion_length": 4, "temperature": 1.0, "learning_rate": 1e-3, "beta": 0.05,
-                       "max_steps": 12}},
+                       "max_steps": 14}},
     "ppo": {"type": "ppo", "data": {"path": PROMPTS, "limit": 8}, "rewards": ["exact_match", "varied.py:varied"],
             "eval_data": {"path": str(DATA / "arithmetic_eval.jsonl"), "limit": 4},
             "train": {"per_device_train_batch_size": 4, "num_mini_batches": 2, "num_ppo_epochs": 2,
@@ -79,7 +88,10 @@ KILLS = {
     "rloo": {"first_pass": 2, "pass_boundary": 4, "third_pass": 10, "checkpoint_write": 8},
     "ppo": {"first_pass": 1, "pass_boundary": 2, "third_pass": 5, "checkpoint_write": 4},
 }
-CASES = [(t, "after_checkpoint") for t in STAGES if t not in SAMPLING] + [(t, k) for t in SAMPLING for k in KILLS[t]]
+CASES = [(t, "after_checkpoint") for t in STAGES if t not in SAMPLING] + [(t, k) for t in SAMPLING for k in KILLS[t]] \
+    + [(t, "final_checkpoint") for t in STAGES] + [("grpo", "end_work")]
+# final_checkpoint: killed right after the checkpoint at max_steps, before the adapter and DONE; end_work: died in
+# the stage's end work (its summary), the end of training logged and the adapter saved, DONE not written.
 VARIED = """
 def varied(prompts, completions, **kwargs):  # a dense reward, so every group has a spread
     texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
@@ -171,10 +183,18 @@ def as_killed_after_checkpoint(whole: Path, run_dir: Path, step: int) -> None:
             elif target.exists():
                 target.unlink()
     for log in ("metrics.jsonl", "completions.jsonl", "alarms.jsonl"):
-        if (stage_dir / log).exists():
+        if (stage_dir / log).exists():  # the Trainer's end-of-training row (train_runtime) follows its last checkpoint
             rows = [line for line in (stage_dir / log).read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= step]
+                    if line.strip() and json.loads(line).get("step", 0) <= step and "train_runtime" not in line]
             (stage_dir / log).write_text("".join(row + "\n" for row in rows))
+
+
+def as_died_in_end_work(whole: Path, run_dir: Path) -> None:
+    """The run directory `kit run` leaves when it dies while writing stage x's summary: everything the uninterrupted
+    run wrote but DONE and the run's report."""
+    shutil.copytree(whole, run_dir)
+    for target in (run_dir / "x" / "DONE", run_dir / "report.md", run_dir / "plots"):
+        shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
 
 
 def die_in_checkpoint_write(recipe: Path, run_dir: Path, step: int) -> None:
@@ -185,6 +205,30 @@ def die_in_checkpoint_write(recipe: Path, run_dir: Path, step: int) -> None:
     half = [p for p in (run_dir / "x" / "checkpoints").iterdir() if p.name.split(".")[0] == f"checkpoint-{step}"]
     assert half and not (half[0] / "trainer_state.json").exists(), "it did not die inside the checkpoint write"
     assert not (run_dir / "x" / "DONE").exists()
+
+
+def stop_in_final_step(whole: Path, run_dir: Path, steps: int, monkeypatch) -> None:
+    """The run directory a PPO stage leaves when a SIGTERM arrives during its last step: checkpoint-`steps` saved, no
+    held-out evaluation after training, no adapter, no DONE (PPO writes no checkpoint at max_steps otherwise). Made
+    from the uninterrupted run cut back to checkpoint `steps - 1`, resumed in-process, with the signal raised in
+    this process (the kit's own handler takes it) as the last step's update ends."""
+    from kitcli.ppo import trainer
+
+    as_killed_after_checkpoint(whole, run_dir, steps - 1)
+    update = trainer.ppo_step
+
+    def update_then_stop(*args, **kwargs):
+        figures = update(*args, **kwargs)
+        if args[-1] == steps - 1:  # `step` counts the finished steps: this is the last one
+            signal.raise_signal(signal.SIGTERM)
+        return figures
+
+    with monkeypatch.context() as patched:
+        patched.setattr(trainer, "ppo_step", update_then_stop)
+        result = run_cli("run", whole.parent / "r.yaml", "--output", run_dir, expect=130)
+    assert f"stage 'x' stopped by SIGTERM; checkpoint saved at {run_dir / 'x' / 'checkpoints'}" \
+        f"/checkpoint-{steps}" in result.output, result.output[-3000:]
+    assert not (run_dir / "x" / "DONE").exists() and not (run_dir / "x" / "adapter").exists()
 
 
 def movement_share(resumed: Path, whole: Path, start: Path) -> float:
@@ -243,13 +287,39 @@ def assert_same_metrics(resumed: Path, whole: Path) -> None:
 def resumed_step(run_dir: Path) -> int:
     summary = done(run_dir / "x")
     step = int(summary["resumed_from"].split("-")[1])
-    assert summary["resumed"].startswith(f"resumed from checkpoint-{step} (step {step}): restored ")
+    if step == summary["steps"]:  # its final checkpoint: nothing was left to train
+        assert summary["resumed"] == (f"resumed from checkpoint-{step} (step {step}), where it had finished "
+                                      f"training: restored its weights and state, and did only its end work")
+    else:
+        assert summary["resumed"].startswith(f"resumed from checkpoint-{step} (step {step}): restored ")
     return step
+
+
+# DONE's values that depend on the wall clock or on where the run resumed.
+NOT_SUMMARIZED = ("seconds", "seconds_per_step", "resumed_from", "resumed")
+
+
+def assert_same_summary(resumed: Path, whole: Path) -> None:
+    """DONE says what an uninterrupted run's says, but for the clock, the resume and the run's own folder."""
+    def summary(stage_dir: Path) -> dict:
+        text = (stage_dir / "DONE").read_text().replace(str(stage_dir.parent), "<run>")
+        return {k: v for k, v in json.loads(text).items() if k not in NOT_SUMMARIZED and "gpu_memory" not in k}
+
+    a, b = summary(resumed), summary(whole)
+    assert a.keys() == b.keys()
+    for key, value in b.items():
+        assert a[key] == (pytest.approx(value, rel=1e-5, abs=1e-7, nan_ok=True)
+                          if isinstance(value, (int, float, dict)) else value), (key, a[key], value)
+
+
+def final_rows(stage_dir: Path) -> list[dict]:
+    """The Trainer's end-of-training rows (train_runtime, train_loss, total_flos): one per finished stage."""
+    return [row for row in metrics(stage_dir) if "train_runtime" in row]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stage_type, kill", CASES, ids=[f"{t}-{k}" for t, k in CASES])
-def test_sigkill_resumes_exactly(stage_type, kill, uninterrupted, tmp_path):
+def test_sigkill_resumes_exactly(stage_type, kill, uninterrupted, tmp_path, monkeypatch):
     whole = uninterrupted(stage_type)
     recipe = make_recipe(tmp_path, stage_type)
     run_dir = tmp_path / "run"
@@ -257,8 +327,16 @@ def test_sigkill_resumes_exactly(stage_type, kill, uninterrupted, tmp_path):
     if kill == "checkpoint_write":  # a real process, killed inside its checkpoint write
         first = KILLS[stage_type][kill] - stage(stage_type)["train"]["save_steps"]
         die_in_checkpoint_write(recipe, run_dir, KILLS[stage_type][kill])
+    elif kill == "final_checkpoint" and stage_type == "ppo":
+        first = steps
+        stop_in_final_step(whole, run_dir, steps, monkeypatch)
+        recipe = whole.parent / "r.yaml"
+    elif kill == "end_work":
+        first = steps
+        as_died_in_end_work(whole, run_dir)
+        recipe = whole.parent / "r.yaml"
     else:
-        first = 2 if kill == "after_checkpoint" else KILLS[stage_type][kill]
+        first = {"after_checkpoint": 2, "final_checkpoint": steps}.get(kill) or KILLS[stage_type][kill]
         as_killed_after_checkpoint(whole, run_dir, first)
         recipe = whole.parent / "r.yaml"  # the recipe that run was started with (its reward file's path included)
     init_before = snapshot(run_dir / "sft")
@@ -269,12 +347,24 @@ def test_sigkill_resumes_exactly(stage_type, kill, uninterrupted, tmp_path):
     assert step == first
     assert f"resuming x from checkpoint-{step} (step {step})" in result.output
     assert done(run_dir / "x")["steps"] == steps
+    saved = sorted(int(p.name.split("-")[1]) for p in (run_dir / "x" / "checkpoints").glob("checkpoint-*"))
+    assert saved and saved[-1] <= steps, saved  # no step, and no checkpoint, past max_steps
+    assert (run_dir / "x" / "adapter" / "adapter_model.safetensors").is_file()
     assert snapshot(run_dir / "sft") == init_before  # the finished stage is not touched
     logged = [row["step"] for row in metrics(run_dir / "x") if "train_runtime" not in row and row.get("step")]
     assert logged == sorted(logged)  # nothing logged twice after the resume
     assert_same_weights(run_dir / "x", whole / "x")
     assert_same_metrics(run_dir / "x", whole / "x")
+    assert_same_summary(run_dir / "x", whole / "x")
+    assert len(final_rows(run_dir / "x")) == len(final_rows(whole / "x"))
+    if first == steps and final_rows(whole / "x"):  # no step trained here: the stage's own figures
+        (resumed_end,), (whole_end,) = final_rows(run_dir / "x"), final_rows(whole / "x")
+        assert resumed_end["step"] == whole_end["step"] == steps
+        for key in ("train_loss", "total_flos", "epoch"):
+            assert resumed_end[key] == pytest.approx(whole_end[key], rel=1e-5), key
     assert f"resumed from checkpoint-{step}" in (run_dir / "report.md").read_text()
+    if first == steps:
+        assert f"x had finished training at checkpoint-{steps} (step {steps} of {steps})" in result.output
 
 
 @pytest.mark.slow
@@ -343,6 +433,30 @@ def test_a_length_grouped_sft_stage_resumes_exactly_in_a_later_pass(tmp_path):
     assert resumed_step(run_dir) == 8
     assert_same_weights(run_dir / "x", whole / "x")
     assert_same_metrics(run_dir / "x", whole / "x")
+
+
+@pytest.mark.slow
+def test_a_full_fine_tuning_stage_resumes_at_its_final_checkpoint(tmp_path):
+    """`lora: false`: the checkpoint holds the whole model (model.safetensors), which the Trainer's own loader puts
+    back. Killed after its checkpoint at max_steps (step 4 of a 6-step pass, where transformers' resume trained a
+    fifth step), the stage trains nothing and saves the uninterrupted run's model."""
+    sft = {"name": "x", "type": "sft", "data": {"path": str(DATA / "arithmetic_sft.jsonl"), "limit": 48},
+           "train": {"per_device_train_batch_size": 8, "learning_rate": 1e-4, "max_steps": 4, "logging_steps": 1,
+                     "save_steps": 2, "save_total_limit": 100}}
+    model = {"name": "tiny", "max_seq_length": 128, "load_in_4bit": False, "dtype": "float32"}
+    recipe = write_recipe(tmp_path / "r.yaml", [sft], model=model, lora=False)
+    whole = tmp_path / "whole"
+    run_cli("run", recipe, "--output", whole)
+    run_dir = tmp_path / "run"
+    as_killed_after_checkpoint(whole, run_dir, 4)
+    result = run_cli("run", recipe, "--output", run_dir)
+    assert resumed_step(run_dir) == 4 and done(run_dir / "x")["steps"] == 4
+    assert "x had finished training at checkpoint-4 (step 4 of 4)" in result.output
+    assert not (run_dir / "x" / "checkpoints" / "checkpoint-5").exists()
+    a, b = (load_file(str(d / "x" / "model" / "model.safetensors")) for d in (run_dir, whole))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in b)
+    assert_same_metrics(run_dir / "x", whole / "x")
+    assert_same_summary(run_dir / "x", whole / "x")
 
 
 # --- a checkpoint that cannot resume faithfully is refused ----------------------------------------------------

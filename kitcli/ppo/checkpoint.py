@@ -49,15 +49,17 @@ def register_checkpoint_state(accelerator, models, kl_ctl) -> None:
     accelerator.register_for_checkpointing(kl_ctl)
 
 
-def save_checkpoint(accelerator, checkpoint_dir: Path, step: int, keep: int) -> Path:
+def save_checkpoint(accelerator, checkpoint_dir: Path, step: int, keep: int, max_steps: int) -> Path:
     """checkpoint_dir/checkpoint-N, then checkpoints older than the newest `keep` removed. accelerate's own rotation
     (ProjectConfiguration total_limit) does not fit: it names folders checkpoint_<number of saves> and deletes the
-    old ones before the new one is whole."""
+    old ones before the new one is whole. trainer_state.json records the step and the stage's max_steps, as
+    transformers' does (kitcli/training/checkpoints.py's finished_steps reads a checkpoint at max_steps as a stage
+    that had finished training)."""
     final = checkpoint_dir / f"checkpoint-{step}"
     staging = checkpoint_dir / f"checkpoint-{step}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
     accelerator.save_state(str(staging))
-    (staging / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    (staging / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": max_steps}))
     shutil.rmtree(final, ignore_errors=True)
     staging.rename(final)
     kept = sorted((p for p in checkpoint_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),

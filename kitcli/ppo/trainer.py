@@ -172,7 +172,9 @@ def train(config: PPOConfig, models: PPOModels, rows: list[dict[str, Any]], rewa
           dashboard: StageDashboard, checkpoint_dir: Path, eval_rows: list[dict[str, Any]] | None = None,
           resume: Path | None = None) -> dict[str, Any]:
     """The PPO loop from `resume` (a checkpoint, if any) to the last step, or until a stop is requested (then a
-    checkpoint is saved); logs through `dashboard` and returns figures for the summary."""
+    checkpoint is saved); logs through `dashboard` and returns figures for the summary. A checkpoint at the last
+    step (saved only when a stop came during it) trains nothing: the held-out evaluation after training and the
+    figures follow, as in an uninterrupted run, but for seconds_per_step (None: no step ran in this process)."""
     from accelerate.utils import set_seed
 
     steps = total_steps(config, len(rows))
@@ -209,7 +211,7 @@ def train(config: PPOConfig, models: PPOModels, rows: list[dict[str, Any]], rewa
                 if interrupt.requested() or (step % config.save_steps == 0 and step < steps):
                     interrupt.check_free_disk(checkpoint_dir, interrupt.checkpoint_bytes(models.model),
                                               f"checkpoint-{step}")
-                    save_checkpoint(accelerator, checkpoint_dir, step, config.save_total_limit)
+                    save_checkpoint(accelerator, checkpoint_dir, step, config.save_total_limit, steps)
                     if interrupt.requested():
                         break
             if eval_rows and not interrupt.requested():
@@ -217,9 +219,9 @@ def train(config: PPOConfig, models: PPOModels, rows: list[dict[str, Any]], rewa
                 dashboard.log(step, after)
         finally:
             dashboard.end(step)
-    if before is None and eval_rows:
-        before = next((r for r in read_metrics(dashboard.metrics_path) if r.get("step") == 0 and "eval/score" in r),
-                      None)
+    if before is None and eval_rows:  # resumed: the evaluation before training, as logged (without the row's clock)
+        before = next(({k: v for k, v in r.items() if k not in ("step", "time")}
+                       for r in read_metrics(dashboard.metrics_path) if r.get("step") == 0 and "eval/score" in r), None)
     return {"steps": step, "resumed_from": resume.name if resume else None, "eval_before": before,
             "eval_after": after, "seconds_per_step": sum(seconds) / len(seconds) if seconds else None}
 

@@ -114,8 +114,11 @@ def choose_run_dir(recipe: Recipe, output: str | None, lock: dict[str, Any] | No
     return runs / f"{recipe.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def resumed_note(checkpoint: str, stage_type: str) -> str:
+def resumed_note(checkpoint: str, stage_type: str, finished: bool = False) -> str:
     """What a resumed stage restored, for its DONE summary and the report."""
+    if finished:  # kitcli/training/finished.py: the weights and the Trainer's state, nothing left to train
+        return (f"resumed from {checkpoint} (step {checkpoint.rsplit('-', 1)[-1]}), where it had finished training: "
+                f"restored its weights and state, and did only its end work")
     restored = ("the policy and critic adapters, the value head, the optimizer, the scheduler, the KL coefficient "
                 "and the RNG states (the data position follows from the step)") if stage_type == "ppo" else \
         "every adapter's weights, the optimizer, the scheduler, the RNG states and the data position"
@@ -326,7 +329,11 @@ def run_stages(recipe: Recipe, run_dir: Path, lock: dict[str, Any], *, force: bo
             summary = run_stage(ctx)
         summary = {**summary, "seconds": round(time.time() - started, 2), **peak_gpu_memory()}
         if summary.get("resumed_from"):
-            summary["resumed"] = resumed_note(summary["resumed_from"], stage["type"])
+            from kitcli.training.finished import finished_steps
+
+            resumed = ctx.dir.checkpoints / summary["resumed_from"]
+            finished = (resumed / "trainer_state.json").is_file() and finished_steps(resumed) is not None
+            summary["resumed"] = resumed_note(summary["resumed_from"], stage["type"], finished)
         if main:
             ctx.dir.write_done(summary)
             for warning in summary.get("warnings") or ():  # e.g. a reward that scored no sample in the stage

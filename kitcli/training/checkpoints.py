@@ -9,6 +9,12 @@ weights. It also loads an adapter with PEFT's dtype autocast, turning bf16 LoRA 
 restores every adapter itself, in place and in the dtype training uses, tells the Trainer to leave the weights
 alone, and checks at the start of training that the model holds exactly the checkpoint's weights.
 
+A checkpoint at the stage's last step (its trainer_state.json's global_step has reached max_steps: the process ended
+after its final checkpoint and before DONE, e.g. a crash in the summary or a full disk while saving the adapter) is
+not trained from: transformers' Trainer, resumed there, starts another step before it checks max_steps whenever the
+last step falls inside a pass over the data, and ends one step (and one checkpoint) past max_steps. The kit restores
+the weights and the Trainer's state and does only the stage's end work (kitcli/training/finished.py).
+
 Refused before anything trains (one line, exit status 2, the checkpoint left as it is): a checkpoint with a
 missing or damaged file, one written with other settings (the stage's `config.json` from the interrupted run is
 compared with the one it would write now) or with adapters of other names or shapes.
@@ -25,6 +31,7 @@ from kitcli import dist
 from kitcli.errors import KitError
 from kitcli.records import first_difference
 from kitcli.rundir import StageDir
+from kitcli.training.finished import finished_steps
 
 if TYPE_CHECKING:
     from kitcli.recipe.stage_context import StageContext
@@ -308,8 +315,9 @@ def replay_sampler_passes(trainer) -> None:
 def train(trainer, checkpoint: Path | None, where: str, stop_every: int = 1) -> None:
     """trainer.train(), from `checkpoint` when given: the kit restores the weights (every adapter, in place) and
     TRL's running counts, the Trainer the optimizer, scheduler, RNG states and data position (with the shuffle of
-    the pass it resumes in: replay_sampler_passes). A Ctrl-C or SIGTERM saves a checkpoint (at a step that is a
-    multiple of `stop_every`) and ends training; free disk is checked before every checkpoint."""
+    the pass it resumes in: replay_sampler_passes). A checkpoint at the stage's last step trains nothing
+    (training/finished.py). A Ctrl-C or SIGTERM saves a checkpoint (at a step that is a multiple of `stop_every`)
+    and ends training; free disk is checked before every checkpoint."""
     from kitcli.training.interrupt import make_stop_callback
 
     trainer.add_callback(make_stop_callback(Path(trainer.args.output_dir), stop_every))
@@ -324,6 +332,11 @@ def train(trainer, checkpoint: Path | None, where: str, stop_every: int = 1) -> 
         trainer._load_from_checkpoint = lambda *args, **kwargs: None  # weights restored above
         trainer.add_callback(make_weights_check(checkpoint, where))
     restore_counters(trainer, checkpoint)
+    if finished_steps(checkpoint) is not None:
+        from kitcli.training.finished import end_finished_training
+
+        end_finished_training(trainer, checkpoint)
+        return
     trainer.train(resume_from_checkpoint=str(checkpoint))
 
 
@@ -349,10 +362,17 @@ def resume_checkpoint(ctx: StageContext, metrics_path: Path, settings: dict[str,
     main = dist.is_main_process()  # under `kit run --launcher` one process writes
     if main:
         ctx.dir.write_config(settings)
-    if resume is not None:
-        step = step_of(resume)
-        if main:
-            truncate_metrics(metrics_path, step)
+    if resume is None:
+        return None
+    step = step_of(resume)
+    finished = finished_steps(resume)
+    if main:  # a run that died in its end work logged the end of training already: it is logged again
+        truncate_metrics(metrics_path, step, drop_end=finished is not None)
+    if finished:
+        ctx.log(f"resuming {ctx.name} from {resume.name} (step {step}): {ctx.name} had finished training at "
+                f"{resume.name} (step {finished[0]} of {finished[1]}); its weights are restored and only its end "
+                f"work is done (final weights, summary, DONE), without training a step")
+    else:
         ctx.log(f"resuming {ctx.name} from {resume.name} (step {step}): weights, optimizer, scheduler and RNG "
                 f"state restored")
     return resume

@@ -127,13 +127,15 @@ def unscored_rewards(logged: list[dict[str, Any]]) -> list[str]:
     return warnings
 
 
-def truncate_metrics(path: Path, last_step: int) -> None:
+def truncate_metrics(path: Path, last_step: int, drop_end: bool = False) -> None:
     """On resume from checkpoint N, drop lines logged after step N (they will be logged again), in metrics.jsonl
-    and the stage's alarms.jsonl / completions.jsonl."""
+    and the stage's alarms.jsonl / completions.jsonl; `drop_end` also drops the Trainer's end-of-training row
+    (train_runtime), which a stage resumed at its final checkpoint logs again."""
     stage = StageDir(path.parent)
     for target in (path, stage.alarms, stage.completions):
         if target == path or target.exists():
-            kept = [row for row in read_metrics(target) if row.get("step", 0) <= last_step]
+            kept = [row for row in read_metrics(target) if row.get("step", 0) <= last_step
+                    and not (drop_end and "train_runtime" in row)]
             target.write_text("".join(json.dumps(row) + "\n" for row in kept))
 
 
