@@ -5,7 +5,9 @@ teach anything (constant over the sample, failing, or never scoring). Used by `k
 
 from __future__ import annotations
 
+import inspect
 import math
+import re
 import statistics
 import time
 from dataclasses import dataclass
@@ -15,6 +17,45 @@ from kitcli.errors import KitError
 from rewards.guard import RewardStats, format_range, guard_reward, out_of_range
 from rewards.registry import LoadedReward
 
+GSM8K_ANSWER = re.compile(r"\S.*####\s*(\S[^\n]*?)\s*$", re.DOTALL)  # "Natalia sold 48/2 = 24 ... #### 72"
+
+
+def worked_solution_column(columns: dict[str, list[Any]]) -> tuple[str, str, str] | None:
+    """(column, a value, the answer after '####') when a reference column holds GSM8K's worked solutions, which a
+    reward comparing a final answer with the column as it is never matches; else None."""
+    for column, values in columns.items():
+        if column not in ("prompt", "completion") and values and all(isinstance(v, str) and GSM8K_ANSWER.match(v)
+                                                                     for v in values):
+            return column, values[0], GSM8K_ANSWER.match(values[0]).group(1)
+    return None
+
+
+def reads_column(fn, column: str) -> bool | None:
+    """Whether reward `fn` takes `column`: True when a parameter names it, None when only **kwargs may hold it."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.name == column for p in parameters):
+        return True
+    return None if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters) else False
+
+
+def worked_solution_advice(fn, reference: tuple[str, str, str] | None) -> str:
+    """Why a reward that never matches may be so: the column it compares with holds a GSM8K worked solution ("" when
+    there is none, or the reward cannot read that column)."""
+    if reference is None:
+        return ""
+    column, value, answer = reference
+    reads = reads_column(fn, column)
+    if reads is False:
+        return ""
+    shown = value if len(value) <= 60 else "..." + value[-57:]
+    told = (f"column '{column}' holds a worked solution with the answer after '####' (e.g. {shown!r}), and the "
+            f"reward compares against it as is")
+    return (f"{told if reads else 'if ' + told}: a final answer never equals it; give the reward a column holding "
+            f"only the part after '####' ({answer!r}), e.g. {column}.split('####')[-1].strip()")
+
 
 @dataclass
 class RewardReport:
@@ -23,6 +64,7 @@ class RewardReport:
     seconds: float
     error: str | None = None
     skipped: int = 0
+    reference: tuple[str, str, str] | None = None  # a GSM8K-style worked-solution column (worked_solution_column)
 
     @property
     def name(self) -> str:
@@ -61,7 +103,9 @@ class RewardReport:
         if len(values) > 1 and max(values) == min(values):
             value = values[0]
             which = {0.0: "always 0", 1.0: "always 1"}.get(value, f"always {value:g}")
-            hint = " (does the model ever produce what it looks for?)" if value == 0 else ""
+            advice = worked_solution_advice(self.reward.fn, self.reference) if value == 0 else ""
+            hint = f"; {advice}" if advice else " (does the model ever produce what it looks for?)" if value == 0 \
+                else ""
             out.append(f"reward '{self.name}' is constant over the {len(values)} samples ({which}): it gives GRPO "
                        f"no signal{hint}")
         if self.skipped:
@@ -87,7 +131,8 @@ def score_sample(reward: LoadedReward, prompts: list[Any], completions: list[Any
             raise
         return RewardReport(reward, [None] * len(completions), time.perf_counter() - started,
                             error=error.format_message())
-    return RewardReport(reward, scores, time.perf_counter() - started, skipped=sum(stats.skipped.values()))
+    return RewardReport(reward, scores, time.perf_counter() - started, skipped=sum(stats.skipped.values()),
+                        reference=worked_solution_column(columns))
 
 
 def weighted_total(reports: list[RewardReport]) -> list[float | None]:

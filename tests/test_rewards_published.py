@@ -11,10 +11,9 @@ import math
 import shutil
 from pathlib import Path
 
+import published_rewards as published
 import pytest
 from helpers import SMALL_LORA, TINY_MODEL, done, metrics, run_cli, write_recipe
-
-import published_rewards as published
 
 HERE = Path(__file__).resolve().parent
 GOOD = "<think>\nseven and four\n</think>\n<answer>\n11\n</answer>"
@@ -239,3 +238,19 @@ def test_kit_check_resolves_every_published_reward(grpo_run):
     found = [f for f in json.loads(result.output)["findings"] if f["topic"] == "rewards"]
     assert len(found) == 1 and found[0]["figures"].split(", ") == LOGGED_NAMES
     assert "soft_overlong_punishment_reward from trl.rewards:get_soft_overlong_punishment" in found[0]["verdict"]
+
+
+def test_a_gsm8k_answer_column_read_as_is_is_named_when_every_score_is_0(tmp_path, monkeypatch):
+    """GSM8K's `answer` is the worked solution, "... #### 72": a reward comparing a final answer with it as is
+    scores 0 everywhere; `kit rewards test` says why and how to extract the answer, not only "always 0"."""
+    rows = [{"completion": str(n), "answer": f"She sold {n} / 2 = {n // 2} clips.\n#### {n}"} for n in (72, 10, 5)]
+    (tmp_path / "gsm.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.chdir(tmp_path)
+    flat = " ".join(run_cli("rewards", "test", "exact_match", "--data", "gsm.jsonl").output.split())
+    assert "constant over the 3 samples (always 0)" in flat
+    assert "column 'answer' holds a worked solution with the answer after '####'" in flat
+    assert "answer.split('####')[-1].strip()" in flat
+    rows = [{**r, "answer": r["answer"].split("####")[-1].strip()} for r in rows]  # extracted: it scores
+    (tmp_path / "gsm.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    flat = " ".join(run_cli("rewards", "test", "exact_match", "--data", "gsm.jsonl").output.split())
+    assert "always 1" in flat and "worked solution" not in flat

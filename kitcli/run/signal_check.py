@@ -16,9 +16,7 @@ not measured.
 
 from __future__ import annotations
 
-import inspect
 import math
-import re
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ from kitcli.recipe.load import Recipe
 from kitcli.recipe.stage_context import StageContext
 from kitcli.run.check import RL_TYPES_WITH_COMPLETIONS, resolved_values
 from kitcli.run.findings import Finding
+from rewards.sample_scores import worked_solution_advice, worked_solution_column
 
 
 def starting_policy(ctx: StageContext) -> tuple[Path | None, str | None]:
@@ -52,30 +51,6 @@ def figures_text(figures: dict[str, Any]) -> str:
             f", reward {reward}{unscored}, truncated {figures['truncated_share']:.0%}{passed}")
 
 
-GSM8K_ANSWER = re.compile(r"\S.*####\s*(\S[^\n]*?)\s*$", re.DOTALL)  # "Natalia sold 48/2 = 24 ... #### 72"
-
-
-def worked_solution_column(rows: list[dict[str, Any]]) -> tuple[str, str, str] | None:
-    """(column, a value, the answer after '####') when a reference column holds GSM8K's worked solutions, which a
-    reward comparing a final answer with the column as it is never matches; else None."""
-    for column in [key for key in rows[0] if key not in ("prompt", "completion")] if rows else []:
-        values = [row.get(column) for row in rows]
-        if all(isinstance(v, str) and GSM8K_ANSWER.match(v) for v in values):
-            return column, values[0], GSM8K_ANSWER.match(values[0]).group(1)
-    return None
-
-
-def reads_column(fn, column: str) -> bool | None:
-    """Whether reward `fn` takes `column`: True when a parameter names it, None when only **kwargs may hold it."""
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    if any(p.name == column for p in parameters):
-        return True
-    return None if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters) else False
-
-
 def worked_solution_hint(reward, dist: dict[str, Any], reference: tuple[str, str, str] | None) -> str:
     """Why a reward constant at its lowest (its declared minimum, else 0: what a mismatch scores) may be so: the
     column it compares with is a GSM8K worked solution."""
@@ -84,15 +59,8 @@ def worked_solution_hint(reward, dist: dict[str, Any], reference: tuple[str, str
     low = reward.score_range[0] if reward.score_range is not None else 0.0
     if dist["min"] != (low if math.isfinite(low) else 0.0):
         return ""
-    column, value, answer = reference
-    reads = reads_column(reward.fn, column)
-    if reads is False:
-        return ""
-    shown = value if len(value) <= 60 else "..." + value[-57:]
-    told = (f"column '{column}' holds a worked solution with the answer after '####' (e.g. {shown!r}), and the "
-            f"reward compares against it as is")
-    return (f"; {told if reads else 'if ' + told}: a final answer never equals it; give the reward a column holding "
-            f"only the part after '####' ({answer!r}), e.g. {column}.split('####')[-1].strip()")
+    advice = worked_solution_advice(reward.fn, reference)
+    return f"; {advice}" if advice else ""
 
 
 def reward_finding(stage: str, name: str, dist: dict[str, Any], samples: int, hint: str = "") -> Finding:
@@ -155,7 +123,7 @@ def stage_signal(ctx: StageContext, prompts: int, log) -> tuple[list[Finding], d
         found.append(Finding(stage, "truncated completions", "warn", f"{figures['truncated_share']:.0%} of "
                              f"{figures['prompts'] * k}", f"most completions hit max_completion_length "
                              f"{max_new_tokens}; raise train.max_completion_length"))
-    reference = worked_solution_column(rows)
+    reference = worked_solution_column({k: [r.get(k) for r in rows] for k in (rows[0] if rows else {})})
     for reward in rewards:
         found.append(reward_finding(stage, reward.name, figures["rewards"][reward.name], figures["prompts"] * k,
                                     worked_solution_hint(reward, figures["rewards"][reward.name], reference)))
