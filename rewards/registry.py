@@ -200,6 +200,9 @@ def load_named(name: str, base_dir: Path, where: str, what: str) -> tuple[Any, s
             module = importlib.import_module(target)
         except ImportError as error:
             raise KitError(f"{where}: cannot import {what} module '{target}' ({error})") from None
+        except Exception as error:  # the module's own error at import: one line naming it, not a traceback
+            raise KitError(f"{where}: {what} module '{target}' failed to import: {type(error).__name__}: "
+                           f"{error}") from None
         source = target
     if not hasattr(module, attribute):
         available = public_callables(module)

@@ -185,6 +185,23 @@ def test_a_broken_reward_file_names_the_file(tmp_path):
         load_reward("broken.py:f", tmp_path)
 
 
+def test_a_module_or_factory_that_fails_in_its_own_code_is_one_line(tmp_path, monkeypatch):
+    """A module that raises at import (not an ImportError), a factory that raises something other than TypeError
+    or ValueError: one line naming the reward, the module or the factory's signature, and the error."""
+    (tmp_path / "raising_rewards_xyz.py").write_text(
+        "def make(level: int):\n    raise RuntimeError('no GPU for the judge')\n")
+    (tmp_path / "broken_at_import_xyz.py").write_text("raise RuntimeError('set JUDGE_KEY first')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(KitError) as error:
+        load_reward({"name": "raising_rewards_xyz:make", "args": {"level": 2}}, tmp_path, "r.yaml: rewards[0]")
+    assert error.value.format_message() == ("r.yaml: rewards[0]: reward factory 'raising_rewards_xyz:make' "
+                                            "(make(level: int)) raised RuntimeError: no GPU for the judge")
+    with pytest.raises(KitError) as error:
+        load_reward("broken_at_import_xyz:f", tmp_path, "r.yaml: rewards[0]")
+    assert error.value.format_message() == ("r.yaml: rewards[0]: reward module 'broken_at_import_xyz' failed to "
+                                            "import: RuntimeError: set JUDGE_KEY first")
+
+
 def test_run_dir_reaches_factories_that_ask_for_it(tmp_path):
     loaded = load_reward({"name": "reward_model", "args": {"stage": "rm"}}, tmp_path, run_dir=tmp_path / "run")
     assert loaded.name == "reward_model_rm"  # loaded lazily: the stage has not run yet

@@ -227,3 +227,25 @@ def test_seeds_bench_calls_fewer_failed_tool_calls_an_improvement():
     assert fell["changes"][0]["scores"]["tool_failure_rate"]["clear"] is True
     assert rose["changes"][0]["scores"]["tool_failure_rate"]["clear"] is False
     assert rose["changes"][0]["scores"]["exact_match_with_tools"]["clear"] is True  # up is better for a score
+
+
+def test_seeds_bench_takes_a_reward_with_no_score():
+    """TRL's contract lets a reward score nothing (None): an eval whose reward scored no sample in one seed leaves
+    that reward out of the seeds' table (a mean over seeds needs every seed's figure) and keeps the others."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("seeds_bench", Path(__file__).resolve().parent.parent
+                                                  / "bench" / "seeds.py")
+    seeds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(seeds)
+    stages = [{"name": "before", "type": "eval"}, {"name": "grpo", "type": "grpo"}, {"name": "after", "type": "eval"}]
+
+    def run(accuracy: float | None) -> tuple[list[dict], list[dict]]:
+        return ([{"name": "before", "init": None, "summary": {"exact_match": 0.2, "rewards/accuracy": accuracy}},
+                 {"name": "after", "init": "grpo", "summary": {"exact_match": 0.5, "rewards/accuracy": accuracy}}],
+                stages)
+
+    result = seeds.summarize("t", {1: run(0.5), 2: run(None), 3: run(0.25)})
+    assert list(result["evals"]["before"]) == ["exact_match"]
+    assert result["changes"][0]["scores"]["exact_match"]["clear"] is True
+    seeds.show(result)
