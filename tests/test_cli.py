@@ -37,6 +37,18 @@ def test_commands_that_do_not_train_import_no_heavy_module(argv, expected):
     assert json.loads(result.stdout.strip().splitlines()[-1]) == []
 
 
+def test_kit_help_imports_neither_pydantic_nor_the_recipe_schema():
+    """`kit --help` answers in about 0.1 s: the recipe schema (pydantic, about 0.2 s of imports) loads inside the
+    commands that read a recipe, not when the CLI is built."""
+    code = ("import sys, json\n"
+            "from kitcli.commands.cli import main\n"
+            "try:\n    main(['--help'], prog_name='kit')\nexcept SystemExit:\n    pass\n"
+            "print(json.dumps([m for m in ('pydantic', 'kitcli.recipe.schema', 'kitcli.recipe.filter_spec') "
+            "if m in sys.modules]))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+
+
 def test_python_dash_m_and_version():
     result = subprocess.run([sys.executable, "-m", "kitcli", "--version"], capture_output=True, text=True, check=True)
     assert result.stdout.startswith("kit, version ")

@@ -21,7 +21,6 @@ from typing import Any
 import click
 
 from kitcli.errors import KitError, did_you_mean
-from kitcli.recipe.stage_types import is_policy, spec_output
 from kitcli.rundir import LOCK_NAME, StageDir, find_run, read_run_lock
 
 
@@ -60,6 +59,8 @@ class PolicyStage:
 
 def resolve_policy_stage(path: str | Path, command: str) -> PolicyStage:
     """`RUN_DIR` (the last finished stage that saved a policy) or `RUN_DIR/STAGE`."""
+    from kitcli.recipe.stage_types import is_policy, spec_output  # the recipe schema: not for `kit --help`
+
     found = find_run(Path(path))
     if found is None:
         raise KitError(f"'{path}' is not a run directory (no {LOCK_NAME} in it or its parent); give the directory "

@@ -46,7 +46,6 @@ from kitcli.plan.architecture import BUILTIN_ARCHITECTURES, Architecture, find_a
 from kitcli.plan.estimate import Component, Estimate, GiB, MiB, estimate
 from kitcli.plan.fit import Change, fit, set_flag
 from kitcli.plan.settings import Settings, stage_settings, tool_note
-from kitcli.training.filtering import SUMMARY_NAME, filter_dir
 
 __all__ = ["BUILTIN_ARCHITECTURES", "Architecture", "Change", "Component", "Estimate", "GiB", "MiB", "Settings",
            "detect_gpu", "estimate", "find_architecture", "fit", "normalise_name", "parse_memory", "plan_command",
@@ -95,6 +94,8 @@ def measured_truncation(arch: Architecture, settings: Settings, stage_dir: Path,
                         gpu_bytes: float | None) -> dict[str, Any] | None:
     """What a run's filter measured of the starting policy's completions (`<stage>/filter/summary.json`): the share
     cut at max_completion_length and, when that share is not small, the peak at twice the length measured."""
+    from kitcli.training.filtering import SUMMARY_NAME, filter_dir  # the recipe schema: not for `kit --help`
+
     path = filter_dir(stage_dir) / SUMMARY_NAME
     if not settings.rl or not path.is_file():
         return None
