@@ -58,16 +58,20 @@ def main() -> None:
                                       "same recipe, which is then resumed).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
 @click.option("--dry-run", is_flag=True, help="Print the resolved configuration of every stage and exit.")
-@click.option("--force", is_flag=True, help="Redo every stage, even finished ones.")
+@click.option("--force", is_flag=True, help="Redo every stage that runs, even finished ones.")
+@click.option("--until", metavar="STAGE", help="Run the stages up to STAGE (included); later ones are left alone.")
+@click.option("--only", metavar="STAGE[,STAGE]", help="Run only these stages; the finished stages they start from are "
+                                                      "reused.")
 @no_lock_option
 @output_options
 @launcher_options
 def run(recipe: str | None, from_lock: str | None, output: str | None, overrides: tuple[str, ...], dry_run: bool,
-        force: bool, no_lock: bool, quiet: bool, as_json: bool, launcher: str | None, num_processes: int | None,
-        deepspeed: str | None, fsdp: bool, cpu: bool) -> None:
+        force: bool, until: str | None, only: str | None, no_lock: bool, quiet: bool, as_json: bool,
+        launcher: str | None, num_processes: int | None, deepspeed: str | None, fsdp: bool, cpu: bool) -> None:
     """Run a recipe: a shipped name (see `kit recipes list`), a YAML file, or a run's recipe.lock.yaml."""
     from kitcli.recipe.load import load_recipe
     from kitcli.run.launch import LaunchFailed, run_with_launcher
+    from kitcli.run.selection import selected_stages
 
     if (recipe is None) == (from_lock is None):
         raise KitError("give a recipe (a shipped name or a YAML file) or --from-lock RUN_DIR/recipe.lock.yaml, "
@@ -75,17 +79,21 @@ def run(recipe: str | None, from_lock: str | None, output: str | None, overrides
     recipe = recipe or from_lock
 
     loaded = load_recipe(recipe, list(overrides))
+    selected = selected_stages(loaded, until, [n.strip() for n in only.split(",") if n.strip()] if only else None)
     if not dry_run:
+        part = (["--until", until] if until else []) + (["--only", only] if only else [])
         try:
             run_dir = run_with_launcher(loaded, recipe, launcher=launcher, num_processes=num_processes,
                                         deepspeed=deepspeed, fsdp=fsdp, cpu=cpu, output=output,
                                         overrides=list(overrides), force=force, no_lock=no_lock, quiet=quiet,
-                                        as_json=as_json, console=make_console(quiet=quiet, stderr=as_json))
+                                        as_json=as_json, console=make_console(quiet=quiet, stderr=as_json),
+                                        extra=part)
         except LaunchFailed as failed:
             sys.exit(failed.returncode)
         if run_dir is not None:
             return
-    execute(loaded, output=output, dry_run=dry_run, force=force, quiet=quiet, as_json=as_json, no_lock=no_lock)
+    execute(loaded, output=output, dry_run=dry_run, force=force, quiet=quiet, as_json=as_json, no_lock=no_lock,
+            selected=selected)
 
 
 @main.command()
@@ -115,7 +123,7 @@ def output_mode(quiet: bool, as_json: bool) -> str:
 
 
 def execute(recipe, *, output: str | None, dry_run: bool, force: bool, quiet: bool = False,
-            as_json: bool = False, no_lock: bool = False) -> None:
+            as_json: bool = False, no_lock: bool = False, selected: list[str] | None = None) -> None:
     import contextlib
 
     from kitcli.display import dashboard
@@ -124,7 +132,9 @@ def execute(recipe, *, output: str | None, dry_run: bool, force: bool, quiet: bo
     mode = output_mode(quiet, as_json)
     console = make_console(quiet=mode == "quiet", stderr=mode == "json")
     if dry_run:
-        runner.dry_run(recipe, console)
+        from kitcli.run.dry_run import dry_run
+
+        dry_run(recipe, console)
         return
     from kitcli.training.interrupt import StageInterrupted
 
@@ -133,7 +143,8 @@ def execute(recipe, *, output: str | None, dry_run: bool, force: bool, quiet: bo
     quiet_stdout = contextlib.redirect_stdout(sys.stderr) if mode != "auto" else contextlib.nullcontext()
     try:
         with dashboard.output_mode(mode, json_stream=stdout), quiet_stdout:
-            run_dir = runner.run_recipe(recipe, output=output, force=force, console=console, no_lock=no_lock)
+            run_dir = runner.run_recipe(recipe, output=output, force=force, console=console, no_lock=no_lock,
+                                        selected=selected)
     except StageInterrupted as stop:
         click.echo(f"kit: {stop}", err=True)
         sys.exit(130)

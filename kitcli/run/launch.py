@@ -170,7 +170,8 @@ def launcher_options(command):
 
 def run_with_launcher(recipe, recipe_arg: str, *, launcher: str | None, num_processes: int | None,
                       deepspeed: str | None, fsdp: bool, cpu: bool, output: str | None, overrides: list[str],
-                      force: bool, quiet: bool, as_json: bool, console, no_lock: bool = False) -> Path | None:
+                      force: bool, quiet: bool, as_json: bool, console, no_lock: bool = False,
+                      extra: list[str] | None = None) -> Path | None:
     """`kit run --launcher ...`: launch and return the run directory; None when no launcher was asked for."""
     if launcher is None:
         used = [name for name, value in (("--num-processes", num_processes), ("--deepspeed", deepspeed),
@@ -181,7 +182,8 @@ def run_with_launcher(recipe, recipe_arg: str, *, launcher: str | None, num_proc
         return None
     if os.environ.get("KIT_LAUNCHED"):
         raise KitError("--launcher inside a launched process; run `kit run --launcher ...` from a plain shell")
-    extra = (["--quiet"] if quiet else ["--json"] if as_json else []) + (["--no-lock"] if no_lock else [])
+    extra = (["--quiet"] if quiet else ["--json"] if as_json else []) + (["--no-lock"] if no_lock else []) + \
+        list(extra or [])  # --until / --only
     return launch(recipe, recipe_arg, output=output, overrides=overrides, force=force,
                   num_processes=num_processes or 1, deepspeed=deepspeed, fsdp=fsdp, cpu=cpu, extra=extra,
                   console=console)

@@ -22,7 +22,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -36,6 +35,7 @@ from kitcli.recipe.load import Recipe
 from kitcli.recipe.stage_context import StageContext
 from kitcli.records import first_difference
 from kitcli.run.check import pre_run_check
+from kitcli.run.selection import check_selected_inputs
 from kitcli.rundir import WRITER_LOCK_NAME, RunDir, WriterLock, redact
 from kitcli.training import interrupt
 
@@ -175,78 +175,8 @@ def preflight(recipe: Recipe, run_dir: Path, console: Console) -> list[dict[str,
             for stage in recipe.stages]
 
 
-def dry_run(recipe: Recipe, console: Console) -> None:
-    """Print every stage's resolved configuration (the TRL config values after the kit's defaults)."""
-    described = preflight(recipe, Path("runs") / f"{recipe.name}-DRYRUN", console)
-    pre_run_check(recipe, console, as_comments=True)  # kit check's cheap part, as YAML comments
-    header = {k: recipe.data[k] for k in ("name", "seed", "model", "lora")}
-    console.print(yaml.safe_dump(header, sort_keys=False).rstrip(), highlight=False, markup=False)
-    for index, (stage, resolved) in enumerate(zip(recipe.stages, described), start=1):
-        console.print(f"\n# stage {index}/{len(recipe.stages)}: {stage['name']} ({stage['type']})",
-                      highlight=False, markup=False)
-        console.print(yaml.safe_dump(resolved, sort_keys=False, default_flow_style=None).rstrip(),
-                      highlight=False, markup=False)
-        example = formatted_example(recipe, stage)
-        if example:  # as YAML comments, so the dry run's output stays YAML
-            lines = "\n".join(f"#   {line}" for line in example.splitlines())
-            console.print(f"# row 1 as the model sees it:\n{lines}", highlight=False, markup=False, soft_wrap=True)
-
-
-def formatted_example(recipe: Recipe, stage: dict[str, Any]) -> str | None:
-    """The first row of a stage's data as its model will read it: after `chat:` and `system_prompt`, rendered with
-    the model's chat template when the tokenizer is on disk (the tiny model, a local directory, a converted GGUF);
-    otherwise the conversation itself. None for data the kit cannot read here (a hub dataset offline)."""
-    from kitcli.data.rows import apply_system_prompt, read_rows
-
-    spec = stage.get("data")
-    if not isinstance(spec, dict) or not Path(spec["path"]).is_file():
-        return None
-    row = read_rows({**spec, "limit": 1}, stage["name"])[0]
-    if stage["type"] == "kto" and "chosen" in row and "completion" not in row:
-        row = {"prompt": row["prompt"], "completion": row["chosen"], "label": True}
-    kind = stage_types.spec(stage["type"])
-    generates = kind.rl or kind.evaluates  # the model sees the prompt only and writes the rest itself
-    keys = [k for k in (("prompt",) if generates else ("prompt", "completion", "chosen", "rejected", "messages",
-                                                         "text")) if k in row]
-    row = apply_system_prompt([{k: row[k] for k in keys}], stage.get("system_prompt"), stage["name"], spec["path"])[0]
-    tokenizer = local_tokenizer(recipe.data["model"]["name"])
-    if tokenizer is None or getattr(tokenizer, "chat_template", None) is None:
-        return yaml.safe_dump(row, sort_keys=False, allow_unicode=True).rstrip()
-    parts = []
-    if isinstance(row.get("messages"), list):
-        parts.append(tokenizer.apply_chat_template(row["messages"], tokenize=False))
-    elif "prompt" in row:
-        prompt = row["prompt"]
-        text = (tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-                if isinstance(prompt, list) else prompt)
-        reply = row.get("completion", row.get("chosen"))
-        if reply is not None:
-            text += (reply[0].get("content") or "") if isinstance(reply, list) else reply  # a tool call may have none
-        parts.append(text)
-    else:
-        return yaml.safe_dump(row, sort_keys=False, allow_unicode=True).rstrip()
-    return "\n".join(parts).rstrip()
-
-
-def local_tokenizer(name: str):
-    """The model's tokenizer if it is on disk without converting or downloading anything, else None."""
-    from kitcli.models import gguf
-
-    if name == "tiny":
-        from kitcli.models.tiny import ensure_tiny_model
-
-        folder = ensure_tiny_model()
-    else:
-        source = gguf.source_file(name)
-        folder = gguf.converted_dir(gguf.file_sha256(source)) if source is not None else Path(name)
-    if not (folder / "tokenizer_config.json").is_file():
-        return None
-    from kitcli.run.check import tokenizer_in
-
-    return tokenizer_in(str(folder))  # loaded once per process, shared with the pre-run check
-
-
-def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Console, no_lock: bool = False) -> Path:
+def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Console, no_lock: bool = False,
+               selected: list[str] | None = None) -> Path:
     """Run the recipe's stages in their run directory, which this process holds (WriterLock) from before its first
     write to the end. Under `kit run --launcher` every process runs this; only the main one locks and writes files
     (kitcli/run/launch.py)."""
@@ -259,14 +189,16 @@ def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Cons
         if writer is not None:
             writer.take(create=False)  # a directory a run wrote: refused here, at once, while another run holds it
         return run_stages(recipe, run_dir, lock, force=force, console=console if main else Console(quiet=True),
-                          writer=writer)
+                          writer=writer, selected=selected)
     finally:
         if writer is not None:
             writer.release()
 
 
 def run_stages(recipe: Recipe, run_dir: Path, lock: dict[str, Any], *, force: bool, console: Console,
-               writer: WriterLock | None) -> Path:
+               writer: WriterLock | None, selected: list[str] | None = None) -> Path:
+    """Every stage in order, or the `selected` ones (finished stages before them are reused, the rest left as they
+    are; `force` redoes only what runs)."""
     main = writer is not None
     check_model_reachable(recipe.data["model"]["name"])  # a hub model offline: one line before anything loads
     console.print(f"kit: checking {recipe.name}'s {len(recipe.stages)} stages against TRL's configs (loads torch, "
@@ -299,10 +231,21 @@ def run_stages(recipe: Recipe, run_dir: Path, lock: dict[str, Any], *, force: bo
                       "will run",
                       highlight=False, markup=False)
 
+    if selected is not None:
+        check_selected_inputs(recipe, run_dir, selected)
     outputs: dict[str, Path] = {}
     results: list[tuple[dict[str, Any], dict[str, Any], str]] = []
     total = len(recipe.stages)
     for index, stage in enumerate(recipe.stages, start=1):
+        if selected is not None and stage["name"] not in selected:
+            done = RunDir(run_dir).stage(stage["name"]).done()
+            console.print(f"stage {index}/{total} {stage['name']} ({stage['type']}): not selected, "
+                          f"{'its finished output reused' if done is not None else 'left as it is'}",
+                          highlight=False, markup=False)
+            if done is not None:
+                outputs[stage["name"]] = run_dir / stage["name"]
+                results.append((stage, done, "skipped (done)"))
+            continue
         if main:
             writer.check(f"stage '{stage['name']}'")
         ctx = StageContext(recipe, stage, run_dir, console, outputs)
