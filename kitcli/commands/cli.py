@@ -47,7 +47,7 @@ def output_options(command):
 @click.group(cls=KitGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="kit")
 def main() -> None:
-    """kit: one-command LoRA post-training recipes (SFT, reward model, DPO, GRPO, GSPO, PPO) on one GPU."""
+    """kit: one-command LoRA post-training recipes (SFT, reward model, DPO, KTO, GRPO, GSPO, RLOO, PPO) on one GPU."""
 
 
 @main.command()
