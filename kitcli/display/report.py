@@ -19,6 +19,7 @@ from kitcli.display import svgplot
 from kitcli.display.conversation import call_counts, turns_line, turns_markdown
 from kitcli.display.formatting import format_value, message_text
 from kitcli.display.signal_report import filter_section
+from kitcli.display.trainer_notes import trainer_notes
 from kitcli.recipe import stage_types
 from kitcli.records import read_jsonl
 from kitcli.rundir import RunDir, StageDir, read_run_lock
@@ -26,6 +27,8 @@ from kitcli.rundir import RunDir, StageDir, read_run_lock
 FALLBACK_SKIP = {"step", "epoch", "time", "total_flos", "num_tokens", "train_runtime", "train_samples_per_second",
                  "train_steps_per_second", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
 FALLBACK_PANELS = 9
+BENCHMARK_PREFIX = "benchmark/"  # kitcli/models/benchmarks.py PREFIX: lm-eval's scores in an eval summary
+BENCHMARKS = "benchmarks"  # RUN/benchmarks/: `kit eval RUN --tasks`
 
 
 @dataclass
@@ -83,13 +86,15 @@ def load_run(run_dir: Path) -> RunRecord:
 
 def eval_metric_keys(summaries: list[dict[str, Any]]) -> list[str]:
     """The score keys the eval summaries hold, in table order: exact match (and with tools, the tool calls per
-    problem and the share of calls that failed, where an eval ran with tools), pass@k, reward, each reward."""
+    problem and the share of calls that failed, where an eval ran with tools), pass@k, reward, each reward, then
+    lm-eval's scores (`benchmark/<task>/<metric>,<filter>`, kitcli/models/benchmarks.py)."""
     present = {k for s in summaries for k, v in s.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     keys = [k for k in ("exact_match", "exact_match_with_tools", "tool_calls_per_problem", "tool_failure_rate")
             if k in present]
     keys += sorted((k for k in present if k.startswith("pass@") and k[5:].isdigit()), key=lambda k: int(k[5:]))
     keys += [k for k in ("reward",) if k in present]
     keys += sorted(k for k in present if k.startswith("rewards/") and k.count("/") == 1)
+    keys += sorted(k for k in present if k.startswith(BENCHMARK_PREFIX))
     return keys
 
 
@@ -104,6 +109,10 @@ def metric_label(key: str) -> str:
         return "failed tool calls (share)"
     if key == "reward":
         return "total reward"
+    if key.startswith(BENCHMARK_PREFIX):  # benchmark/gsm8k/exact_match,strict-match -> gsm8k: exact_match (strict..)
+        task, metric = key[len(BENCHMARK_PREFIX):].rsplit("/", 1)
+        name, _, kind = metric.partition(",")
+        return f"{task}: {name}" + (f" ({kind})" if kind and kind != "none" else "")
     return f"reward: {key.split('/', 1)[1]}" if key.startswith("rewards/") else key
 
 
@@ -123,7 +132,8 @@ def format_change(value: float | None) -> str:
 
 def before_after(evals: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[list[str], list[list[str]]]:
     """The before/after table: one row per score, one column per eval stage (with the model it evaluated), and
-    the change from the first eval to the last."""
+    the change from the first eval that has the score to the last that has it (a recipe's kit evals and its
+    lm-eval stages are columns of one table)."""
     keys = eval_metric_keys([summary for _, summary in evals])
     header = ["score", *[f"{stage['name']} ({stage.get('init') or 'base'})" for stage, _ in evals]]
     if len(evals) >= 2:
@@ -132,11 +142,46 @@ def before_after(evals: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[li
     for key in keys:
         row = [metric_label(key), *[format_score(summary.get(key)) for _, summary in evals]]
         if len(evals) >= 2:
-            a, b = evals[0][1].get(key), evals[-1][1].get(key)
-            row.append(format_change(b - a) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else "-")
+            scored = [s[key] for _, s in evals if isinstance(s.get(key), (int, float))]
+            row.append(format_change(scored[-1] - scored[0]) if len(scored) >= 2 else "-")
         rows.append(row)
     rows.append(["prompts", *[str(summary.get("n", "")) for _, summary in evals], *([""] if len(evals) >= 2 else [])])
     return header, rows
+
+
+def benchmark_file(run_dir: Path, model: str) -> Path:
+    """Where `kit eval RUN --tasks` keeps lm-eval's scores of one model of the run: RUN/benchmarks/<stage>.json,
+    or base.json for the run's base model (samples beside it, <stage>-samples.jsonl)."""
+    return Path(run_dir) / BENCHMARKS / f"{model}.json"
+
+
+def with_benchmarks(run_dir: Path, evals: list[tuple[dict[str, Any], dict[str, Any]]],
+                    stages: list[str]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The eval columns with the scores of `kit eval RUN --tasks` beside them: a column `lm-eval (<model>)` per
+    evaluated model (a stage, or the base), after the eval stages of the same model, in the run's stage order (its
+    own column, so that the prompts row gives the documents its scores are over)."""
+    columns = list(evals)
+    order = {"base": -1, **{name: i for i, name in enumerate(stages)}}
+    for path in sorted((Path(run_dir) / BENCHMARKS).glob("*.json"), key=lambda p: order.get(p.stem, len(stages))):
+        saved = read_json(path)
+        model, scores = saved.get("model"), saved.get("scores")
+        if not isinstance(model, str) or not isinstance(scores, dict):
+            continue
+        place = order.get(model, len(stages))
+        at = sum(1 for stage, _ in columns if order.get(stage.get("init") or "base", len(stages)) <= place)
+        columns.insert(at, ({"name": "lm-eval", "init": None if model == "base" else model},
+                            {"n": saved.get("n"), **scores}))
+    return columns
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
@@ -271,12 +316,13 @@ def write_report(run_dir: Path) -> Path:
              str((s.done or {}).get("headline", ""))] for s in run.stages]
     lines += [markdown_table(["#", "stage", "type", "status", "seconds", "result"], rows), ""]
 
-    evals = [(s.stage, s.done) for s in run.evals()]
+    evals = with_benchmarks(run.run_dir, [(s.stage, s.done) for s in run.evals()], [s.name for s in run.stages])
     if evals:
         header, table = before_after(evals)
         lines += ["## Evaluation (held-out)", "", markdown_table(header, table), ""]
         svg = plots / "eval.svg"
-        drawn = all(up_to_date(svg, s.directory) for s in run.evals())
+        drawn = len(evals) == len(run.evals()) and all(up_to_date(svg, s.directory) for s in run.evals()) and \
+            not any((run.run_dir / BENCHMARKS).glob("*.json"))
         if not drawn:
             figure = eval_figure(evals)
             if figure is not None:
@@ -293,6 +339,7 @@ def write_report(run_dir: Path) -> Path:
             lines += [f"Interrupted and {record.done['resumed']}.", ""]
         if (record.done or {}).get("warnings"):
             lines += [f"- **warning**: {warning}" for warning in record.done["warnings"]] + [""]
+        lines += trainer_notes(record.done or {})  # GRPO / GSPO: the kl metric, the pad token, Unsloth's speed paths
         if stage_types.specs().get(record.type) is not None and stage_types.spec(record.type).evaluates:
             lines += eval_section(record)
             continue

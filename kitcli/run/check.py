@@ -382,7 +382,9 @@ def check_recipe(recipe: Recipe, run_dir: Path | None = None, console=None) -> l
         rows = stage_rows(ctx)
         found += reward_findings(ctx, rows)
         if rows is None:
-            found.append(Finding(ctx.name, "data", "info", stage["data"]["path"], "a hub dataset: read when it runs"))
+            if stage.get("data"):  # an eval stage with tasks: (lm-eval benchmarks) has no data
+                found.append(Finding(ctx.name, "data", "info", stage["data"]["path"], "a hub dataset: read when it "
+                                                                                      "runs"))
             continue
         values = resolved_values(ctx) if stage["type"] != "eval" else {}
         generation = {"max_new_tokens": 32, **(stage.get("generation") or {})}

@@ -15,6 +15,17 @@ the base model); the run ends with a before/after table.
       generation: {max_new_tokens: 16, temperature: 0.0}      # greedy: one completion per prompt
       # generation: {n: 8, temperature: 0.8}                   # 8 samples per prompt: pass@1, 2, 4, 8
 
+Or lm-evaluation-harness tasks instead of `data:` (kitcli/models/benchmarks.py, docs/benchmarks.md), scored by
+lm-eval on the same model; the scores join the before/after table as `<task>: <metric>` rows:
+
+    - name: bench-after
+      type: eval
+      init: sft
+      tasks: [kit_arithmetic]                        # lm-eval names, or tasks of the include_path folders
+      include_path: examples/benchmarks
+      apply_chat_template: true
+      limit: 20                                      # and num_fewshot, batch_size
+
 Rewards are called as GRPO calls them (prompts, completions, completion_ids, the data's other columns), through
 the same guard, so an eval reports the quantity an RL stage optimizes. `reward` is their weighted sum.
 With `n` samples per prompt, exact match is the mean over all samples and pass@k is the unbiased estimate
@@ -27,13 +38,13 @@ import json
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from kitcli.data.rows import apply_system_prompt, read_rows, require_columns
 from kitcli.errors import KitError, did_you_mean
 from kitcli.models.backend import load_stage_policy
 from kitcli.models.generate import exact_match, generate
-from kitcli.recipe.schema import DataSpec, GenerationSpec, RewardSpec, StageSection, StageSpec, fail
+from kitcli.recipe.schema import DataSpec, GenerationSpec, RewardSpec, StageSection, StageSpec, base_dir_of, fail
 from kitcli.recipe.stage_context import StageContext
 from kitcli.recipe.tool_spec import ToolSpec
 
@@ -44,7 +55,16 @@ class EvalSection(StageSection):
     """Held-out evaluation: generate for each prompt, score exact match, pass@k and rewards."""
 
     type: Literal["eval"]
-    data: DataSpec = Field(description="Held-out rows: prompt, and answer for exact match.")
+    data: DataSpec | None = Field(None, description="Held-out rows: prompt, and answer for exact match (or tasks:).")
+    tasks: list[str] | None = Field(None, description="lm-evaluation-harness tasks to score instead of data: "
+                                                      "(docs/benchmarks.md).")
+    include_path: list[str] = Field(default_factory=list, description="Folders of local lm-eval task YAML files.")
+    num_fewshot: Annotated[int, Field(ge=0)] | None = Field(None, description="Few-shot examples (default: the "
+                                                                              "task's own).")
+    limit: Annotated[int, Field(gt=0)] | None = Field(None, description="Score only the first N documents of each "
+                                                                        "task.")
+    batch_size: Annotated[int, Field(gt=0)] = Field(32, description="Requests per lm-eval batch.")
+    apply_chat_template: bool = Field(False, description="Format each task prompt with the model's chat template.")
     generation: GenerationSpec | None = Field(None, description="How to generate.")
     rewards: list[RewardSpec] = Field(default_factory=list, description="Rewards to average over the completions.")
     system_prompt: str | None = Field(None, description="A system message put before every prompt.")
@@ -59,6 +79,63 @@ class EvalSection(StageSection):
         if raw is not None and not isinstance(raw, dict):
             raise fail("generation must be a mapping, e.g. {max_new_tokens: 16, temperature: 0.0}")
         return raw
+
+    @field_validator("tasks", mode="before")
+    @classmethod
+    def names(cls, raw):
+        return [n.strip() for n in raw.split(",") if n.strip()] if isinstance(raw, str) else raw
+
+    @field_validator("include_path", mode="before")
+    @classmethod
+    def one_folder(cls, raw):
+        return [raw] if isinstance(raw, str) else raw
+
+    @field_validator("include_path", mode="after")
+    @classmethod
+    def folders(cls, paths: list[str], info: ValidationInfo) -> list[str]:
+        include_dirs(paths, base_dir_of(info))
+        return paths
+
+    @model_validator(mode="after")
+    def data_or_tasks(self):
+        if (self.data is None) == (self.tasks is None):
+            raise fail("an eval stage scores a held-out file (data:) or lm-evaluation-harness tasks (tasks:); give "
+                       f"{'one' if self.data is None else 'one of them, not both'}")
+        if self.tasks is not None and not self.tasks:
+            raise fail("tasks: is empty; name lm-eval tasks, e.g. tasks: [gsm8k]")
+        only = BENCHMARK_KEYS if self.data is not None else DATA_KEYS
+        given = sorted(self.model_fields_set & set(only))
+        if given:
+            kind = "data:" if self.data is not None else "tasks:"
+            raise fail(f"{given[0]}: does not apply to an eval stage with {kind} ({only[given[0]]}); remove it")
+        return self
+
+
+BENCHMARK_KEYS = {"include_path": "it is where lm-eval finds local tasks", "num_fewshot": "lm-eval's setting",
+                  "limit": "with data: use data.limit", "batch_size": "with data: use generation.batch_size",
+                  "apply_chat_template": "a conversational prompt column always gets the chat template"}
+DATA_KEYS = {"generation": "the task's YAML decides how lm-eval generates",
+             "rewards": "lm-eval scores with the task's metrics", "system_prompt": "it is for data: rows",
+             "tools": "tools run with data: rows", "max_tool_calling_iterations": "tools run with data: rows"}
+
+
+def include_dirs(paths: list[str], base_dir, error=fail) -> tuple[str, ...]:
+    """Task folders as absolute paths: relative to the recipe, the working directory or the kit checkout."""
+    from pathlib import Path
+
+    from kitcli.recipe.schema import kit_source_root
+
+    found = []
+    for path in paths:
+        given = Path(path).expanduser()
+        candidates = [given] if given.is_absolute() else [Path(base_dir) / given, Path.cwd() / given,
+                                                           kit_source_root() / given]
+        folder = next((c for c in candidates if c.is_dir()), None)
+        if folder is None:
+            raise error(f"include_path '{path}' is not a folder (looked relative to {base_dir}, the working directory "
+                       f"and the kit); give a folder of lm-eval task YAML files")
+        found.append(str(folder.resolve()))
+    return tuple(found)
 
 
 def check_generation(raw: Any, where: str) -> dict[str, Any]:
@@ -206,9 +283,49 @@ def write_samples(path, records: list[dict[str, Any]]) -> None:
             f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
 
 
+def benchmark_settings(ctx: StageContext):
+    from kitcli.models.benchmarks import BenchmarkSettings, task_names
+
+    stage, paths = ctx.stage, ctx.stage.get("include_path") or []
+    return BenchmarkSettings(tasks=task_names(stage["tasks"], ctx.where),
+                             include_path=include_dirs([paths] if isinstance(paths, str) else paths,
+                                                       ctx.recipe.base_dir, lambda m: KitError(f"{ctx.where}: {m}")),
+                             limit=stage.get("limit"), num_fewshot=stage.get("num_fewshot"),
+                             batch_size=stage.get("batch_size", 32),
+                             apply_chat_template=stage.get("apply_chat_template", False),
+                             max_length=ctx.model["max_seq_length"])
+
+
+def run_tasks(ctx: StageContext) -> dict[str, Any]:
+    """`tasks:`: lm-eval scores the stage's model; the scores go to DONE, lm-eval's per-task record to
+    benchmarks.json, one line per scored document to samples.jsonl."""
+    from kitcli.models import benchmarks
+
+    settings = benchmark_settings(ctx)
+    tasks = benchmarks.load_tasks(settings, ctx.where)
+    loaded = load_stage_policy(ctx.model, lora=None, seed=ctx.seed, init_from=ctx.init_dir, trainable=False,
+                               log=ctx.log, label="evaluated model")
+    results = benchmarks.run_benchmarks(loaded.model, loaded.tokenizer, tasks, settings, console=ctx.console,
+                                        where=ctx.where)
+    scores, n = benchmarks.task_scores(results, tasks.names), benchmarks.sample_count(results)
+    write_samples(ctx.dir.samples, benchmarks.sample_records(results))
+    (ctx.stage_dir / "benchmarks.json").write_text(json.dumps(benchmarks.results_record(results, settings, scores),
+                                                              indent=2, default=str), encoding="utf-8")
+    summary = {"n": n, "tasks": list(settings.tasks), **benchmarks.flat_scores(scores),
+               "headline": benchmarks.headline(scores, n)}
+    ctx.log(f"{ctx.name}: {summary['headline']}")
+    return summary
+
+
 def describe(ctx: StageContext) -> dict[str, Any]:
     from kitcli.training.tool_use import describe_tools
 
+    if ctx.stage.get("tasks") is not None:  # names checked and datasets loaded now, before anything trains
+        from kitcli.models.benchmarks import load_tasks
+
+        settings = benchmark_settings(ctx)
+        load_tasks(settings, ctx.where)
+        return {"init": ctx.stage.get("init") or "base model", "lm_eval": settings.record()}
     settings = generation_settings(ctx)
     rewards = load_eval_rewards(ctx.stage.get("rewards"), ctx.recipe.base_dir, ctx.where, ctx.run_dir)
     rows = load_rows(ctx, rewards)
@@ -218,6 +335,8 @@ def describe(ctx: StageContext) -> dict[str, Any]:
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
+    if ctx.stage.get("tasks") is not None:
+        return run_tasks(ctx)
     settings = generation_settings(ctx)
     rewards = load_eval_rewards(ctx.stage.get("rewards"), ctx.recipe.base_dir, ctx.where, ctx.run_dir)
     rows = load_rows(ctx, rewards)
@@ -237,5 +356,6 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 SPEC = StageSpec(
     type="eval", module=__name__, section=EvalSection,
-    summary="greedy (or n-sample) generation on a held-out file: exact match, pass@k, reward means",
+    summary="greedy (or n-sample) generation on a held-out file: exact match, pass@k, reward means; or "
+            "lm-evaluation-harness tasks",
     output="none", init_from=("policy",), evaluates=True, launcher="main process only (the others wait)")
