@@ -44,12 +44,13 @@ def nice_ticks(lo: float, hi: float, count: int = 5, integer: bool = False) -> l
     if integer:
         step = max(1.0, round(step))
     start = math.floor(lo / step) * step
+    digits = 3 - math.floor(math.log10(step))  # enough for 2.5 x 10^k; a fixed 12 made ticks below 1e-12 all 0
     ticks, value = [], start
     while value <= hi + step * 1e-9:
-        ticks.append(round(value, 12))
+        ticks.append(round(value, digits))
         value += step
     if ticks[-1] < hi:
-        ticks.append(round(value, 12))
+        ticks.append(round(value, digits))
     return ticks
 
 

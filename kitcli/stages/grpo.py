@@ -41,6 +41,9 @@ DAPO, Yu et al. 2025 (arXiv 2503.14476); CISPO, MiniMax 2025, MiniMax-M1 (arXiv 
 Khatri et al. 2025, ScaleRL (arXiv 2510.13786); SAPO, Soft Adaptive Policy Optimization (arXiv 2511.20347); VESPO,
 Variational Sequence-Level Soft Policy Optimization (arXiv 2602.10693). TRL's GRPOConfig help texts name them.
 
+`unsloth:` turns Unsloth's speed paths off (sequence packing, shared-prefix attention; kitcli/recipe/unsloth_spec.py);
+what its generated trainer changes and the kit corrects is in kitcli/training/unsloth_grpo.py.
+
 The shared pieces below (defaults, group sizes, generation batches, rewards, the trainer) also build RLOO stages
 (`kitcli/stages/rloo.py`, trainer kind "rloo"): they keep only the fields the kind's config has.
 """
@@ -59,6 +62,8 @@ from kitcli.errors import KitError
 from kitcli.models.backend import cuda_available, load_stage_policy, save_model
 from kitcli.recipe.schema import RESERVED_TRAIN, StageSpec
 from kitcli.recipe.stage_context import StageContext
+from kitcli.recipe.unsloth_spec import UnslothSpec, unsloth_field
+from kitcli.training import unsloth_grpo
 from kitcli.training.checkpoints import record_effective_settings, resume_checkpoint, train
 from kitcli.training.filtering import filter_prompts, filter_summary
 from kitcli.training.progress import attach_progress, make_reward_metrics_callback, read_metrics, reward_summary
@@ -101,6 +106,7 @@ class GRPOSection(ToolsSection):
 
     type: Literal["grpo"]
     variant: Literal[tuple(VARIANTS)] = Field(DEFAULT_VARIANT, description="The objective: " + ", ".join(VARIANTS))
+    unsloth: UnslothSpec = unsloth_field()
     config: ClassVar[str] = "GRPOConfig"
     reserved: ClassVar[dict[str, str]] = {**RESERVED_TRAIN, "reward_weights": "each reward's weight: gives it"}
 
@@ -324,6 +330,8 @@ def describe_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, A
                  else "hub dataset, read when the stage runs")
     defaults = resolved_defaults(ctx, preset, rewards, kind)
     config = make_config(ctx, defaults, kind)
+    if kind == "grpo":  # Unsloth's GRPO trainer: a pad token it cannot repair; `unsloth:` keys that do nothing here
+        unsloth_grpo.preflight(ctx.model, ctx.stage.get("unsloth"), ctx.where, ctx.log)
     if isinstance(rows, int):
         check_enough_prompts(ctx, rows, config)
     listed = [f"{r.name} (weight {r.weight:g}, {r.source})" for r in rewards]
@@ -377,7 +385,7 @@ def build_trainer(ctx: StageContext, preset: dict[str, Any], config=None, kind: 
     trainer, _ = build(kind, loaded, args=config, reference=config.beta != 0.0, reward_funcs=reward_funcs,
                        train_dataset=to_dataset(rows), processing_class=loaded.tokenizer,
                        reward_processing_classes=processing, log=ctx.log, label=ctx.name, where=ctx.where,
-                       **tool_kwargs(ctx, loaded.tokenizer))
+                       unsloth=ctx.stage.get("unsloth"), **tool_kwargs(ctx, loaded.tokenizer))
     trainer.add_callback(make_reward_metrics_callback(stats))
     return trainer, loaded, config
 

@@ -42,6 +42,7 @@ from kitcli import dist
 from kitcli.errors import KitError
 from kitcli.recipe.schema import RESERVED_TRAIN, StageSpec
 from kitcli.recipe.stage_context import StageContext
+from kitcli.recipe.unsloth_spec import UnslothSpec, unsloth_field
 from kitcli.stages import grpo
 from kitcli.training.tool_use import ToolsSection
 
@@ -53,6 +54,7 @@ class GSPOSection(ToolsSection):
     variant: Literal["gspo", "luspo"] = Field("gspo", description="The objective: gspo, or luspo (each sequence's "
                                                                   "term scaled by its length)")
     allow_on_policy: bool = Field(False, description="Run on-policy settings anyway (the sequence ratio is then 1).")
+    unsloth: UnslothSpec = unsloth_field()
     config: ClassVar[str] = "GRPOConfig"
     reserved: ClassVar[dict[str, str]] = {**RESERVED_TRAIN, "reward_weights": "each reward's weight: gives it"}
 

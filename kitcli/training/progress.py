@@ -64,6 +64,20 @@ def scored_text(completion: Any) -> str:
     return completion if isinstance(completion, str) else message_text(completion)
 
 
+def recorded_metric(trainer, key: str) -> float:
+    """The last value a TRL trainer recorded in memory for `key` (its `_metrics`, before `log()` averages and clears
+    them), from whichever bucket it went to. TRL and Unsloth pick "train" or "eval" by the model's training flag at
+    the moment they record, and on a GPU Unsloth's generation (`for_training`) can leave the model in training mode
+    inside an evaluation: the bucket the model's flag names now is read first, then the other."""
+    buckets = ("train", "eval") if trainer.model.training else ("eval", "train")
+    for bucket in buckets:
+        values = trainer._metrics.get(bucket, {}).get(key)
+        if values:
+            return values[-1]
+    raise KeyError(f"{type(trainer).__name__} recorded no {key!r} (buckets: "
+                   f"{ {b: sorted(trainer._metrics.get(b, {})) for b in buckets} })")
+
+
 # --- metrics files ------------------------------------------------------------------------------------------
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

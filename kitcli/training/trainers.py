@@ -146,12 +146,17 @@ def restore_dtype(model, start: dict[str, Any]) -> None:
 
 
 def build_trainer(kind: str, loaded, *, args, reference: bool = False, log=print, label: str = "",
-                  where: str = "", **kwargs):
+                  where: str = "", unsloth: dict[str, Any] | None = None, **kwargs):
     """Construct the stage's trainer around `loaded.model` (a backend.LoadedModel) with config `args`. With
-    `reference`, the trainer's KL reference must be the starting policy (checked; see ensure_reference).
-    Returns (trainer, how the reference was made or None)."""
+    `reference`, the trainer's KL reference must be the starting policy (checked; see ensure_reference). A GRPO
+    kind trainer gets kitcli/training/unsloth_grpo.py's corrections and record (`unsloth`: the stage's `unsloth:`
+    mapping). Returns (trainer, how the reference was made or None)."""
+    from kitcli.training import unsloth_grpo
+
     cls = trainer_class(kind)
     model = loaded.model
+    pad_change = unsloth_grpo.repair_pad_token(loaded, where or label or kind, log, label or kind) \
+        if kind == "grpo" and is_unsloth_class(cls) else None
     if not args.bf16 and not args.fp16:
         # Unsloth's trainers turn a config with no mixed precision into fp16 autocast unless the model says the
         # caller asked for float32 (its `_unsloth_user_float32`): stay in float32 as the config says.
@@ -168,6 +173,9 @@ def build_trainer(kind: str, loaded, *, args, reference: bool = False, log=print
     log(f"{label or kind}: trainer {describe_class(cls)}")
     where = where or label or kind
     trainer.kit_rewrites = check_trainer_rewrites(trainer, before, getattr(args, "kit_explicit", set()), where, log)
+    if kind == "grpo":
+        trainer.kit_pad_change = pad_change
+        unsloth_grpo.attach(trainer, unsloth, where, log, label or kind)
     described = ensure_reference(trainer, start, where) if reference else None
     if described:
         log(f"{label or kind}: reference = {described}")
@@ -254,9 +262,12 @@ def check_trainer_rewrites(trainer, before: dict[str, Any], explicit: set[str], 
 
 
 def trainer_summary(trainer) -> dict[str, Any]:
-    """What a stage's DONE summary says about its trainer: the class, and what it changed of the kit's values."""
+    """What a stage's DONE summary says about its trainer: the class, what it changed of the kit's values, and for
+    GRPO / GSPO the kl metric's definition, a pad token the kit replaced and Unsloth's speed paths."""
+    from kitcli.training.unsloth_grpo import grpo_summary
+
     out: dict[str, Any] = {"trainer": describe_class(type(trainer))}
     if getattr(trainer, "kit_rewrites", None):
         out["rewritten"] = [f"{r['field']}: {r['kit']!r} -> {r['library']!r} ({r['action']})"
                             for r in trainer.kit_rewrites]
-    return out
+    return {**out, **grpo_summary(trainer)}
