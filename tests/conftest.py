@@ -136,6 +136,43 @@ def frozen_heap():
     gc.freeze()
 
 
+# The precision modes of the formula tests that compare a loss (docs/conformance.md): "fp32", the float32 a CPU run
+# trains in, and "bf16", the GPU's mixed precision (emulated on a CPU). KIT_PRECISION=fp32 or bf16 runs one of them;
+# both by default. The fp32 case keeps the test's id as it was (tests/mutants.py names tests by id); the other ends
+# in -bf16.
+PRECISION_ENV = "KIT_PRECISION"
+_precision_choice = os.environ.get(PRECISION_ENV, "both").strip().lower() or "both"
+if _precision_choice not in ("fp32", "bf16", "both"):
+    raise pytest.UsageError(f"{PRECISION_ENV}={os.environ[PRECISION_ENV]!r}: expected fp32, bf16 or both")
+PRECISIONS = tuple(p for p in ("fp32", "bf16") if _precision_choice in (p, "both"))
+
+
+@pytest.fixture(params=PRECISIONS, ids=[getattr(pytest, "HIDDEN_PARAM", "fp32") if p == "fp32" else p
+                                        for p in PRECISIONS])
+def precision(request, monkeypatch):
+    """Run a formula test in float32 (as a CPU run trains) and at the GPU's precision: the kit's GPU dtype settings
+    (bf16=True) in every config the test builds, Unsloth's bf16 autocast latched for its loss from them, the test's
+    own forwards under bf16 autocast (helpers.emulate_gpu_precision; on a GPU, the real thing). Its tolerances in
+    bf16 are measured on the test's own batch (helpers.PrecisionGap); in float32 they are the float32 ones."""
+    import torch
+    from helpers import at_precision, emulate_gpu_precision
+
+    if request.param == "fp32" and torch.cuda.is_available():
+        pytest.skip("float32 is the CPU's mode: on a GPU the kit trains in bf16 (kitcli/training/trl_config.py), "
+                    "which the bf16 case runs for real")
+    if request.param == "bf16" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bfloat16: the kit trains in fp16 there, which no case here runs")
+    # kitcli/training/trainers.py exports ACCELERATE_MIXED_PRECISION for each trainer it builds, and transformers
+    # 5 reads it into a config with bf16 and fp16 False (TrainingArguments.__post_init__: mixed_precision): a
+    # float32 config built after a bf16 trainer in one process would autocast in bf16. Each case starts from "no"
+    # and leaves the variable as it found it.
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
+    if request.param == "bf16" and not torch.cuda.is_available():
+        emulate_gpu_precision(monkeypatch)
+    with at_precision(request.param):
+        yield request.param
+
+
 @pytest.fixture
 def family(trainer_family) -> str:
     """The trainer family of a test (`pytestmark = pytest.mark.usefixtures("family")` runs a whole file on both)."""

@@ -4,6 +4,10 @@ UnslothRLOOTrainer (forced on the CPU, conftest.trainer_family).
 
 Rewards are fixed numbers (a reward file returns them by position), so the leave-one-out baselines are known in
 advance; the policy is moved away from its reference so that the KL penalty in the reward is not zero.
+The two loss tests also run at the GPU's precision (their "-bf16" cases, conftest.precision), with tolerances
+derived from the gap between the test's forwards at bf16 and at float32 (helpers.PrecisionGap) and sequence ratios
+kept clear of the clip edges by more than that gap can move them; the advantage tests run in float32 only (the
+rewards are fixed, and with the KL penalty the trainer's own scoring is what they read).
 """
 
 from __future__ import annotations
@@ -14,8 +18,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import DATA, move_policy, stage_context, write_recipe
-from test_rl_formulas import GROUPS, SCORES, TEMPERATURE, G, assert_same, clipped, loss_and_grads, policy_logps
+from helpers import DATA, clear_of, move_policy, stage_context, trainer_loss, write_recipe
+from test_rl_formulas import (
+    GROUPS,
+    SCORES,
+    TEMPERATURE,
+    G,
+    assert_same,
+    bf16_tolerances,
+    clip_edges,
+    clipped,
+    logprob_gap,
+    loss_and_grads,
+    policy_logps,
+)
 
 from kitcli.stages import grpo, rloo
 from kitcli.training.trainers import is_unsloth_class
@@ -82,7 +98,7 @@ def test_leave_one_out_advantage_with_the_kl_penalty_in_the_reward(tmp_path):
     assert logged == pytest.approx((((policy - reference) * mask).sum() / mask.sum()).item(), rel=1e-4, abs=1e-6)
 
 
-def test_clipped_sequence_ratio_loss(tmp_path):
+def test_clipped_sequence_ratio_loss(tmp_path, precision):
     """rho_i = exp(sum_t log pi_theta - sum_t log pi_old) (one ratio per sequence, the product of its token ratios);
     L = -1/B sum_i min(rho_i A_i, clip(rho_i, 1 - eps, 1 + eps_high) A_i)."""
     trainer = build(tmp_path)
@@ -91,12 +107,19 @@ def test_clipped_sequence_ratio_loss(tmp_path):
     model = trainer.model
     batch = generation_batch(trainer)
     mask = batch["completion_mask"].float()
+    gap = logprob_gap(model, batch)
     with torch.no_grad():
         current = (policy_logps(model, batch) * mask).sum(1)
-    offsets = torch.linspace(-0.5, 0.5, GROUPS * G).to(current.device)  # ratios 0.61 .. 1.65, around [0.8, 1.2]
-    batch = {**batch, "old_logps": current - offsets}
+    # ratios 0.61 .. 1.65, around [0.8, 1.2]; in bf16, clear of its edges by more than a bf16 forward can move a
+    # sequence's summed log-ratio (twice the largest sum of one sequence's per-token gaps)
+    offsets = clear_of(torch.linspace(-0.5, 0.5, GROUPS * G), clip_edges(config), gap.sequence_tolerance("logps"))
+    batch = {**batch, "old_logps": current - offsets.to(current.device)}
     advantages = batch["advantages"]
     assert (advantages != 0).all()
+
+    def objective(logps):  # of the per-token log-probs
+        ratio = torch.exp((logps * mask).sum(1) - batch["old_logps"])
+        return -clipped(ratio, advantages, config.epsilon, config.epsilon_high).mean()
 
     logps = (policy_logps(model, batch) * mask).sum(1)
     ratio = torch.exp(logps - batch["old_logps"])
@@ -104,20 +127,33 @@ def test_clipped_sequence_ratio_loss(tmp_path):
     outside = ((ratio < 1 - config.epsilon) & (advantages < 0)) | ((ratio > 1 + config.epsilon_high) & (advantages > 0))
     assert 0 < outside.float().mean() < 1, "the batch must exercise the clipping"
 
-    assert_same(loss_and_grads(trainer.compute_loss(model, batch), model), loss_and_grads(ours, model))
+    assert_same(loss_and_grads(trainer_loss(trainer, batch, model), model), loss_and_grads(ours, model),
+                bf16=bf16_tolerances(gap, objective, model))
     mode = "train" if model.training else "eval"  # the metrics' key, as the trainer read it (Unsloth's sets train)
     assert trainer._metrics[mode]["clip_ratio/region_mean"][-1] == pytest.approx(outside.float().mean().item())
 
 
-def test_on_policy_gradient_is_reinforce_with_the_baseline(tmp_path):
-    """With the kit's on-policy defaults rho_i = 1, and the gradient is -1/B sum_i A_i grad log pi_theta(y_i | x)."""
+def test_on_policy_gradient_is_reinforce_with_the_baseline(tmp_path, precision):
+    """With the kit's on-policy defaults rho_i = 1, and the gradient is -1/B sum_i A_i grad log pi_theta(y_i | x).
+    (In bf16 the trainer's ratio is its loss forward against its own scoring forward, 1 within their gap.)"""
     trainer = build(tmp_path)
     model = trainer.model
     batch = generation_batch(trainer)
     mask = batch["completion_mask"].float()
+    advantages = batch["advantages"]
+    gap = logprob_gap(model, batch)
     logps = (policy_logps(model, batch) * mask).sum(1)
-    torch.testing.assert_close(logps.detach(), batch["old_logps"], rtol=1e-5, atol=1e-5)
-    reinforce = -(batch["advantages"] * logps).mean()
-    trl, ours = loss_and_grads(trainer.compute_loss(model, batch), model), loss_and_grads(reinforce, model)
-    assert trl[0] == pytest.approx(-batch["advantages"].mean().item(), abs=1e-6)  # the value: ratios of 1
-    assert_same((0.0, trl[1]), (0.0, ours[1]))
+    torch.testing.assert_close(logps.detach(), batch["old_logps"], rtol=1e-5,
+                               atol=1e-5 + gap.sequence_tolerance("logps"))
+
+    def reinforce_of(logps):  # of the per-token log-probs
+        return -(advantages * (logps * mask).sum(1)).mean()
+
+    def ratio_loss(logps):  # the trainer's value, -1/B sum_i rho_i A_i, of the per-token log-probs
+        return -(torch.exp((logps * mask).sum(1) - batch["old_logps"]) * advantages).mean()
+
+    reinforce = -(advantages * logps).mean()
+    trl, ours = loss_and_grads(trainer_loss(trainer, batch, model), model), loss_and_grads(reinforce, model)
+    assert trl[0] == pytest.approx(-advantages.mean().item(),  # the value: ratios of 1
+                                   abs=1e-6 + gap.value_tolerance(ratio_loss))
+    assert_same((0.0, trl[1]), (0.0, ours[1]), bf16=(0.0, gap.gradient_tolerance(reinforce_of, model)))

@@ -3,7 +3,8 @@ CPU, conftest.trainer_family), and asserts what the trainer really uses, not wha
 
 - GRPO's KL reference is the policy the stage starts from (the SFT model), not the base: the first logged KL of
   SFT -> GRPO (beta 0.04) is 0 (Unsloth's trainer, left alone, measures it against the base: 4.96 on a real run).
-- DPO's reference is the SFT model: the loss equals the formula with the SFT model's log-probs.
+- DPO's reference is the SFT model: the loss equals the formula with the SFT model's log-probs (the batch on the
+  model's device, as a training step has it; in float32 and at the GPU's precision, conftest.precision).
 - GSPO's old log-probs are computed exactly when training is off-policy (TRL's gate), on both families.
 - A value the recipe set explicitly is restored when a config rewrites it (Unsloth: scale_rewards under dr_grpo),
   and refused, in one line with exit status 2, when the trainer rewrites it in __init__.
@@ -16,18 +17,19 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 import yaml
 from helpers import (
     DATA,
     TINY_MODEL,
-    completion_logprob,
+    PrecisionGap,
     metrics,
     precision_scale,
     run_cli,
     stage_context,
+    trainer_loss,
     write_recipe,
 )
+from test_preference_formulas import dpo_formula, dpo_sequence_logps
 
 from kitcli.training.trainers import is_unsloth_class
 
@@ -75,7 +77,7 @@ def test_grpo_kl_is_zero_at_the_start_and_grows_as_the_policy_moves(trainer_fami
     assert logged[-1]["kl"] > 1e-4, [row["kl"] for row in logged]
 
 
-def test_dpo_reference_is_the_sft_model(trainer_family, sft_run, tmp_path):
+def test_dpo_reference_is_the_sft_model(trainer_family, sft_run, tmp_path, precision):
     from kitcli.models.backend import load_policy
     from kitcli.stages import dpo
 
@@ -95,19 +97,17 @@ def test_dpo_reference_is_the_sft_model(trainer_family, sft_run, tmp_path):
                 param.add_(0.05 * torch.randn_like(param, generator=torch.Generator().manual_seed(0)))
     rows = [trainer.train_dataset[i] for i in range(6)]
     with torch.no_grad():
-        trl_loss = trainer.compute_loss(model, trainer.data_collator(rows)).item()
+        trl_loss = trainer_loss(trainer, trainer.data_collator(rows), model).item()
     sft_model = load_policy("tiny", max_seq_length=TINY_MODEL["max_seq_length"], load_in_4bit=True, lora=None,
                             dtype="float32", init_from=sft_run / "sft", trainable=False, log=lambda _: None).model
     model.eval()
-    with torch.no_grad():
-        losses = []
-        for row in rows:
-            pw, pl = (completion_logprob(model, row["prompt_ids"], row[k]) for k in ("chosen_ids", "rejected_ids"))
-            rw, rl = (completion_logprob(sft_model, row["prompt_ids"], row[k]) for k in ("chosen_ids", "rejected_ids"))
-            losses.append(-F.logsigmoid(beta * ((pw - rw) - (pl - rl))))
-    expected = torch.stack(losses).mean().item()
-    assert abs(expected - 0.6931) > 1e-3  # the policy moved, or the check would be vacuous
-    assert abs(trl_loss - expected) < 1e-4 * precision_scale(), (trl_loss, expected)
+    formula = dpo_formula(beta)
+    gap = PrecisionGap(lambda: dpo_sequence_logps(model, sft_model, rows))
+    expected = formula(**dpo_sequence_logps(model, sft_model, rows)).item()
+    tolerance = 1e-4 * precision_scale() + gap.value_tolerance(formula)
+    # the policy moved (log 2 = 0.6931, the loss at the start), or the check would be vacuous, in bf16 too
+    assert abs(expected - 0.6931) > max(1e-3, tolerance), (expected, tolerance)
+    assert abs(trl_loss - expected) < tolerance, (trl_loss, expected, tolerance, str(gap))
 
 
 @pytest.mark.parametrize("stage_type, off_policy", [("gspo", True), ("grpo", False)])
