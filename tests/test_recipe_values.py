@@ -201,3 +201,21 @@ def test_a_stage_that_would_train_nothing_is_refused(tmp_path):
     message = result.output.strip().splitlines()[-1]
     assert "would run zero optimizer steps" in message and "has 2 prompts, fewer than the 8" in message
     assert not (tmp_path / "run").exists()  # refused before anything ran
+
+
+@pytest.mark.parametrize("on_gpu, expected", [(False, "no"), (True, "bf16")])
+def test_the_config_s_precision_is_the_kit_s_not_the_environment_s(on_gpu, expected, tmp_path, monkeypatch):
+    """transformers 5 reads ACCELERATE_MIXED_PRECISION (set by `accelerate launch`, a shell, or an earlier trainer
+    in the process) into any config whose bf16 and fp16 are both off: a float32 CPU run would autocast in bf16 while
+    its config.json said bf16 false. The kit's config holds the precision it asked for, whatever the environment."""
+    import torch
+
+    from kitcli.training.trainers import config_class
+    from kitcli.training.trl_config import build_config
+
+    if on_gpu and not torch.cuda.is_available():
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # no CUDA here: the GPU's answer
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    config = build_config(config_class("dpo"), stage_defaults={}, train={}, where="t", output_dir=tmp_path, seed=0,
+                          on_gpu=on_gpu)
+    assert (config.bf16, config.mixed_precision) == (on_gpu, expected)
