@@ -305,11 +305,19 @@ def assert_same_summary(resumed: Path, whole: Path) -> None:
         text = (stage_dir / "DONE").read_text().replace(str(stage_dir.parent), "<run>")
         return {k: v for k, v in json.loads(text).items() if k not in NOT_SUMMARIZED and "gpu_memory" not in k}
 
+    def same(x, y) -> bool:  # numbers up to float noise, mappings and lists item by item (pytest.approx is flat)
+        if isinstance(y, dict):
+            return isinstance(x, dict) and x.keys() == y.keys() and all(same(x[k], y[k]) for k in y)
+        if isinstance(y, list):
+            return isinstance(x, list) and len(x) == len(y) and all(same(u, v) for u, v in zip(x, y))
+        if isinstance(y, (int, float)) and not isinstance(y, bool):
+            return x == pytest.approx(y, rel=1e-5, abs=1e-7, nan_ok=True)
+        return x == y
+
     a, b = summary(resumed), summary(whole)
     assert a.keys() == b.keys()
     for key, value in b.items():
-        assert a[key] == (pytest.approx(value, rel=1e-5, abs=1e-7, nan_ok=True)
-                          if isinstance(value, (int, float, dict)) else value), (key, a[key], value)
+        assert same(a[key], value), (key, a[key], value)
 
 
 def final_rows(stage_dir: Path) -> list[dict]:

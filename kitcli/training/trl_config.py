@@ -119,7 +119,8 @@ def build_config(config_cls, *, stage_defaults: dict[str, Any], train: dict[str,
     except (ValueError, TypeError) as error:
         raise KitError(f"{where}: {config_cls.__name__} rejected the train settings: "
                        f"{str(error).splitlines()[0]}") from None
-    if hasattr(config, "mixed_precision"):  # transformers reads ACCELERATE_MIXED_PRECISION when bf16 and fp16 are off
+    if not isinstance(getattr(type(config), "mixed_precision", None), property):  # the kit's PPOConfig derives it
+        # transformers reads ACCELERATE_MIXED_PRECISION into a config whose bf16 and fp16 are both off
         config.mixed_precision = "bf16" if config.bf16 else "fp16" if config.fp16 else "no"
     config.kit_resolved = values
     config.kit_explicit = set(train)
