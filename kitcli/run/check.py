@@ -344,16 +344,15 @@ def reply_end(row: dict[str, Any], render: Renderer) -> str:
     return text[text.rfind(reply) + len(reply):] if reply in text else ""
 
 
-def filter_findings(ctx: StageContext, rows: list[dict[str, Any]]) -> list[Finding]:
-    """A stage's `filter:`: what it will sample and what passes (a pass rule it cannot form is an error here)."""
+def filter_findings(ctx: StageContext, rows: list[dict[str, Any]], rewards: list) -> list[Finding]:
+    """A stage's `filter:`: what it will sample and what passes (a pass rule it cannot form is an error here), with
+    the rewards reward_findings resolved."""
     from kitcli.training.signal import pass_rule
-    from rewards.registry import load_rewards
 
     spec = ctx.stage.get("filter")
     if not spec:
         return []
     written = ctx.stage.get("rewards") or []
-    rewards = load_rewards(written, ctx.recipe.base_dir, f"{ctx.where}: rewards")
     rule = pass_rule(rewards, spec, ctx.where, [r["name"] if isinstance(r, dict) else r for r in written])
     return [Finding(ctx.name, "filter", "info", f"{spec['k']} samples x {len(rows)} prompts = "
                                                 f"{spec['k'] * len(rows)} completions before training",
@@ -374,14 +373,15 @@ def check_recipe(recipe: Recipe, run_dir: Path | None = None, console=None) -> l
     if tokenizer is None:  # the rewards still resolve: that needs no model
         for stage in recipe.stages:
             ctx = StageContext(recipe, stage, run_dir, console, outputs)
-            found += reward_findings(ctx, stage_rows(ctx))
+            found += reward_findings(ctx, stage_rows(ctx))[0]
         return found + [Finding("model", "tokenizer", "info", recipe.data["model"]["name"],
                                 "its tokenizer is not available here (offline?), so lengths were not measured")]
     render = Renderer(tokenizer)
     for stage in recipe.stages:
         ctx = StageContext(recipe, stage, run_dir, console, outputs)
         rows = stage_rows(ctx)
-        found += reward_findings(ctx, rows)
+        resolved, rewards = reward_findings(ctx, rows)
+        found += resolved
         if rows is None:
             if stage.get("data"):  # an eval stage with tasks: (lm-eval benchmarks) has no data
                 found.append(Finding(ctx.name, "data", "info", stage["data"]["path"], "a hub dataset: read when it "
@@ -402,7 +402,7 @@ def check_recipe(recipe: Recipe, run_dir: Path | None = None, console=None) -> l
                                                               f"spaced", "lengths measured on a sample (the shares "
                                                                          "cut are estimates)"))
         found += batch_findings(ctx, len(rows), values)
-        found += template + filter_findings(ctx, rows) + speed_findings(ctx)
+        found += template + filter_findings(ctx, rows, rewards) + speed_findings(ctx)
     return found
 
 

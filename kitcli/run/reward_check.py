@@ -11,9 +11,10 @@ from kitcli.recipe.stage_context import StageContext
 from kitcli.run.findings import Finding
 
 
-def reward_findings(ctx: StageContext, rows: list[dict[str, Any]] | None) -> list[Finding]:
+def reward_findings(ctx: StageContext, rows: list[dict[str, Any]] | None) -> tuple[list[Finding], list]:
     """A stage's rewards resolved as the stage will resolve them (modules imported, factories called, two of one
-    name refused: KitError, exit 2), and the columns each reads checked against the stage's rows as it reads them."""
+    name refused: KitError, exit 2), and the columns each reads checked against the stage's rows as it reads them.
+    Returns the finding and the loaded rewards (the filter's check reads them: each factory is called once)."""
     from kitcli.data.rows import read_rows
     from kitcli.training.tool_use import has_tools, stage_tools
     from rewards.registry import check_columns, load_rewards
@@ -22,10 +23,10 @@ def reward_findings(ctx: StageContext, rows: list[dict[str, Any]] | None) -> lis
         stage_tools(ctx)  # the stage's tools and environment resolve too (a KitError names the one that does not)
     written = ctx.stage.get("rewards")
     if not written:
-        return []
+        return [], []
     rewards = load_rewards(written, ctx.recipe.base_dir, f"{ctx.where}: rewards", run_dir=ctx.run_dir)
     if rows:  # every column the stage reads (after its `columns:` mapping), not only those the checks measure
         spec = ctx.stage["data"]
         check_columns(rewards, read_rows({**spec, "limit": 1}, ctx.where)[0], ctx.where, f"'{spec['path']}'")
     return [Finding(ctx.name, "rewards", "ok", ", ".join(r.name for r in rewards),
-                    "resolved: " + "; ".join(f"{r.name} from {r.source}" for r in rewards))]
+                    "resolved: " + "; ".join(f"{r.name} from {r.source}" for r in rewards))], rewards
