@@ -67,6 +67,19 @@ def dpo_formula(beta: float):
     return loss
 
 
+def assert_dpo_loss_is_the_formula(trl_loss: float, model, reference, rows: list[dict], beta: float) -> None:
+    """The trainer's DPO loss equals the formula over these rows with `reference` as pi_ref, within float32 rounding
+    plus (in bf16) the measured precision gap; and the policy has moved off its start (log 2 = 0.6931, the loss at
+    the start), or the check would be vacuous, in bf16 too."""
+    model.eval()
+    formula = dpo_formula(beta)
+    gap = PrecisionGap(lambda: dpo_sequence_logps(model, reference, rows))
+    expected = formula(**dpo_sequence_logps(model, reference, rows)).item()
+    tolerance = 1e-4 * precision_scale() + gap.value_tolerance(formula)
+    assert abs(expected - 0.6931) > max(1e-3, tolerance), (expected, tolerance)
+    assert abs(trl_loss - expected) < tolerance, (trl_loss, expected, tolerance, str(gap))
+
+
 def test_dpo_loss_is_the_reference_formula(in_tmp, family, precision):
     from kitcli.models.backend import load_policy
 
@@ -86,14 +99,7 @@ def test_dpo_loss_is_the_reference_formula(in_tmp, family, precision):
 
     reference = load_policy("tiny", max_seq_length=TINY_MODEL["max_seq_length"], load_in_4bit=True, lora=None,
                             dtype="float32", trainable=False, log=lambda _: None).model  # no init: the base
-    model.eval()
-    formula = dpo_formula(beta)
-    gap = PrecisionGap(lambda: dpo_sequence_logps(model, reference, rows))
-    expected = formula(**dpo_sequence_logps(model, reference, rows)).item()
-    tolerance = 1e-4 * precision_scale() + gap.value_tolerance(formula)
-    # policy != reference (log 2 = 0.6931, the loss at the start), or the check would be vacuous, in bf16 too
-    assert abs(expected - 0.6931) > max(1e-3, tolerance), (expected, tolerance)
-    assert abs(trl_loss - expected) < tolerance, (trl_loss, expected, tolerance, str(gap))
+    assert_dpo_loss_is_the_formula(trl_loss, model, reference, rows, beta)
 
 
 def test_bradley_terry_loss_is_the_reference_formula(in_tmp, family, precision):
