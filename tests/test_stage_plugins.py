@@ -20,7 +20,8 @@ from pydantic import Field
 
 from kitcli.data.rows import read_rows
 from kitcli.display.dashboard import StageDashboard
-from kitcli.recipe.schema import DataSpec, StageSection, StageSpec
+from kitcli.recipe.schema import DataSpec, StageSection
+from kitcli.recipe.stage_spec import StageSpec
 
 
 class CountSection(StageSection):
@@ -89,3 +90,11 @@ def test_its_own_keys_and_values_are_checked(plugin, tmp_path):
     stage = {**stage, "steps": 2, "stpes": 2}
     result = run_cli("run", write_recipe(tmp_path / "r.yaml", [stage]), expect=2)
     assert "unknown key 'stpes'; did you mean 'steps'?" in result.output
+
+
+def test_kit_check_says_when_it_has_no_length_check_for_a_stage_type(plugin, tmp_path):
+    """The count stage's StageSpec sets no rows_shape: kit check cannot know what to measure and says so (a
+    warning), instead of reporting fewer checks in silence."""
+    stage = {"name": "count", "type": "count", "data": str(DATA / "arithmetic_eval.jsonl"), "steps": 2}
+    result = run_cli("check", write_recipe(tmp_path / "r.yaml", [stage]))
+    assert "kit check has no length check for this stage type" in result.output.replace("\n", " ").replace("│", "")

@@ -27,8 +27,10 @@ def fingerprint(spec: dict[str, Any]) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def read_rows(spec: dict[str, Any], where: str) -> list[dict[str, Any]]:
-    """Rows of the dataset `spec` names, after the `columns:` renames and the `limit`."""
+def read_rows(spec: Any, where: str) -> list[dict[str, Any]]:
+    """Rows of the dataset `spec` (a stage's DataSpec, or its dict) names, after the `columns:` renames and the
+    `limit`."""
+    spec = spec if isinstance(spec, dict) else spec.model_dump()
     path = Path(spec["path"])
     if path.is_file():
         rows = read_file(path)

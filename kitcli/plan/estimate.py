@@ -136,8 +136,9 @@ def estimate(arch: Architecture, s: Settings, gpu_bytes: float | None = None) ->
                                f"{', chunked' if s.backend == 'unsloth' else ''})",
                                logits_bytes(arch, logit_tokens, s.backend, act, chunk), "train"))
 
-    # a policy trained on pairs (DPO) against the reference; RL with a KL term (a critic stage keeps its own)
-    needs_reference = (s.pairs and not s.scorer) or (s.rl and s.beta > 0 and not s.critic)
+    # the stage type says whether it trains against a frozen reference (DPO, KTO: always; GRPO-style: with a KL
+    # term); a critic stage keeps its own (below)
+    needs_reference = (s.spec.reference == "always" or (s.spec.reference == "beta" and s.beta > 0)) and not s.critic
     if needs_reference:
         if s.lora_r is None:
             parts.append(Component("reference model (full copy)", weight_bytes(arch, False, s.dtype_bytes),

@@ -22,17 +22,11 @@ from pathlib import Path
 from typing import Any
 
 MISSING = object()
-# config class -> (package, module file under it); the base classes are found from the files' own class bases.
-SOURCES = {
-    "SFTConfig": ("trl", "trainer/sft_config.py"),
-    "RewardConfig": ("trl", "trainer/reward_config.py"),
-    "DPOConfig": ("trl", "trainer/dpo_config.py"),
-    "GRPOConfig": ("trl", "trainer/grpo_config.py"),
-    "RLOOConfig": ("trl", "trainer/rloo_config.py"),
-    "KTOConfig": ("trl", "trainer/kto_config.py"),
+# The base classes of the stage types' configs -> (package, module file under it); a stage type's own config is
+# found from its StageSpec's `config` path (kitcli/recipe/stage_spec.py), the bases from the files' class bases.
+BASES = {
     "_BaseConfig": ("trl", "trainer/base_config.py"),
     "TrainingArguments": ("transformers", "training_args.py"),
-    "PPOConfig": ("kitcli", "ppo/config.py"),  # the kit's own PPO, read the same way (no import reaches up to ppo/)
 }
 ENUM_SOURCES = (("transformers", "trainer_utils.py"), ("transformers", "training_args.py"),
                 ("transformers", "debug_utils.py"))
@@ -98,13 +92,30 @@ def parse_classes(package: str, relative: str) -> dict[str, tuple[list[str], dic
 
 
 @cache
+def sources() -> dict[str, tuple[str, str]]:
+    """config class name -> (package, module file under it): the stage types' configs (the kit's PPO config is read
+    the same way, with no import reaching up to ppo/) and their base classes."""
+    from kitcli.recipe import stage_types
+
+    found = dict(BASES)
+    for spec in stage_types.specs().values():
+        if spec.config:
+            module = spec.config.rsplit(":", 1)[0].split(".")
+            relative = "/".join(module[1:]) + ".py"
+            if not (package_dir(module[0]) / relative).is_file():
+                relative = "/".join(module[1:]) + "/__init__.py"
+            found[spec.config_name] = (module[0], relative)
+    return found
+
+
+@cache
 def config_fields(config: str) -> dict[str, ConfigField]:
     """Every init field of `config` (base classes' first, a subclass's override wins)."""
-    package, relative = SOURCES[config]
+    package, relative = sources()[config]
     bases, own = parse_classes(package, relative)[config]
     fields: dict[str, ConfigField] = {}
     for base in bases:
-        if base in SOURCES:
+        if base in sources():
             fields.update(config_fields(base))
     fields.update(own)
     return fields

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kitcli.recipe.schema import StageSpec, recipe_model
+from kitcli.recipe.schema import recipe_model
+from kitcli.recipe.stage_spec import StageSpec
 
 
 def json_schema(specs: dict[str, StageSpec]) -> dict[str, Any]:

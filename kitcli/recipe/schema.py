@@ -1,17 +1,16 @@
 """The recipe's typed model (pydantic): what every key is, its type and range, and what a stage type is.
 
 Sections shared by every recipe live here (`ModelSpec`, `LoraSpec`, `DataSpec`, `RewardSpec`, `RewardModelSpec`,
-`GenerationSpec`); each stage type declares its own section model and its `StageSpec` in its module
-(`kitcli/stages/<type>.py`), and `kitcli/recipe/stage_types.py` collects them. `validate_recipe` checks a whole recipe,
-`--set` overrides included, before anything heavy is imported: unknown keys (with a "did you mean"), types, ranges,
-the `train:` block against the stage's trainer config (kitcli/recipe/config_fields.py), and the rules between stages
-(`init:` and `reward_model:` name earlier stages of a type they can use). A fault is one line naming file and key.
+`GenerationSpec`); each stage type declares its own section model and its `StageSpec`
+(kitcli/recipe/stage_spec.py) in its module (`kitcli/stages/<type>.py`), and `kitcli/recipe/stage_types.py` collects
+them. `validate_recipe` checks a whole recipe, `--set` overrides included, before anything heavy is imported: unknown
+keys (with a "did you mean"), types, ranges, the `train:` block against the stage's trainer config
+(kitcli/recipe/config_fields.py), and the rules between stages (`init:` and `reward_model:` name earlier stages of a
+type they can use). A fault is one line naming file and key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -19,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pydantic_core import PydanticCustomError
 
 from kitcli.errors import KitError, did_you_mean
+from kitcli.recipe.stage_spec import StageSpec
 
 DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
@@ -297,30 +297,6 @@ class RewardedSection(TrainingSection):
         return self
 
 
-@dataclass(frozen=True)
-class StageSpec:
-    """What a stage type is, declared once in its module and read by every other module."""
-
-    type: str
-    module: str  # the module with describe(ctx) -> dict and run(ctx) -> summary
-    section: type[StageSection]  # its recipe keys, their types and ranges
-    summary: str  # one line: what it runs
-    output: Literal["policy", "scorer", "none"]  # what a later stage's init: / reward_model: can use
-    init_from: tuple[str, ...] = ("policy",)  # the outputs it may start from
-    trainer: str | None = None  # the kitcli.training.trainers kind it builds (None: its own loop, or no training)
-    metrics: tuple[tuple[str, str], ...] = ()  # (logged key, dashboard label); `*` matches part of a key
-    panels: tuple[tuple[str, str, tuple[str, ...]], ...] = ()  # report figures: (title, y label, keys)
-    rl: bool = False  # samples completions while training (dashboard samples, RL alarms)
-    evaluates: bool = False  # scores a model (its DONE holds the scores the before/after table shows)
-    launcher: str | None = None  # how it runs under `kit run --launcher`; None: it does not
-    launcher_refusal: str = ""  # why not
-    memory_settings: tuple[str, ...] = ()  # train: fields that decide its memory (named on out-of-memory)
-    defaults: Callable[..., dict[str, Any]] | None = None  # its config defaults: (StageContext, on_gpu=None) -> dict
-    rows: Callable[[Any], list[dict[str, Any]]] | None = None  # its prompts as it reads them (RL stages)
-    checkpoint_files: tuple[str, ...] = ()  # what its own checkpoints hold (trainer stages: transformers' set)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
 # --- the whole recipe ---------------------------------------------------------------------------------------------
 
 def stage_name(stage: Any, index: int) -> str:
@@ -338,7 +314,8 @@ def misplaced_keys(stage: dict[str, Any], specs: dict[str, StageSpec], where: st
         if key == "filter":
             raise fail(f"filter: keeps prompts by the starting policy's pass rate, so it belongs to a stage that "
                        f"samples completions ({takers}), not to a {stage['type']} stage; remove it", where=where)
-        why = " (TRL 1.15's RLOOTrainer takes no tools)" if stage["type"] == "rloo" else ""
+        why = specs[stage["type"]].refused_keys.get(key)
+        why = f" ({why})" if why else ""
         raise fail(f"{key}: lets the model call tools while it generates, which only {takers} stages support; a "
                    f"{stage['type']} stage cannot use them{why}; remove it", where=where)
 

@@ -1,9 +1,14 @@
 """What a stage runs with: its part of the recipe, its directory, the outputs of the stages before it, and where
-to say things. The runner makes one per stage; stages read it and never reach back into the runner."""
+to say things. The runner makes one per stage; stages read it and never reach back into the runner.
+
+`ctx.section` is the stage's validated section (its type's pydantic model: `ctx.section.train`,
+`ctx.section.data.path`, `ctx.section.system_prompt`), which stages read; `ctx.stage` is the same stage as the
+plain dict the lock file, the report and the checks record."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +31,14 @@ class StageContext:
     @property
     def name(self) -> str:
         return self.stage["name"]
+
+    @cached_property
+    def section(self) -> Any:
+        """The stage's section, typed: the recipe already validated it, so this cannot fail on a loaded recipe."""
+        from kitcli.recipe import stage_types
+
+        section = stage_types.spec(self.stage["type"]).section
+        return section.model_validate(self.stage, context={"base_dir": self.recipe.base_dir})
 
     @property
     def stage_dir(self) -> Path:

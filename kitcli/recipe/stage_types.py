@@ -1,9 +1,11 @@
 """The stage types a recipe can use: the kit's own, and those installed packages register.
 
-Each stage type is declared once, by the `SPEC` (a `kitcli.recipe.schema.StageSpec`) of its module: its recipe keys,
-what it outputs, what it may start from, its metrics and report panels, launcher support and the settings that decide
-its memory. Every other module asks this registry. A third-party package adds a stage type the way it adds a
-reward: an entry point in the `kit.stages` group naming its StageSpec,
+Each stage type is declared once, by the `SPEC` (a `kitcli.recipe.stage_spec.StageSpec`) of its module: its recipe
+keys, its trainer and config classes, how its rows reach the model, what it outputs and may start from, its metrics
+and report panels, launcher support and the settings that decide its memory. Every other module asks this registry.
+The kit's own are the modules of `kitcli/stages/` that define a `SPEC` (a new one is found by adding its module).
+A third-party package adds a stage type the way it adds a reward: an entry point in the `kit.stages` group naming
+its StageSpec,
 
     [project.entry-points."kit.stages"]
     my_stage = "my_package.stage:SPEC"
@@ -14,21 +16,35 @@ whose module has `describe(ctx)` and `run(ctx)` like the kit's own (kitcli/stage
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from functools import lru_cache
 from importlib import metadata
 
 from kitcli.errors import KitError
 
 ENTRY_POINT_GROUP = "kit.stages"
-BUILTIN = ("sft", "reward", "dpo", "kto", "grpo", "gspo", "rloo", "ppo", "eval")
+
+
+@lru_cache(maxsize=1)
+def builtin_specs() -> dict:
+    """The kit's own stage types: every module of kitcli/stages/ with a SPEC (shared helpers like pairs.py have
+    none), in their `order`."""
+    package = importlib.import_module("kitcli.stages")
+    found = [getattr(importlib.import_module(f"kitcli.stages.{info.name}"), "SPEC", None)
+             for info in pkgutil.iter_modules(package.__path__)]
+    return {spec.type: spec for spec in sorted((s for s in found if s is not None), key=lambda s: (s.order, s.type))}
+
+
+def builtin_types() -> tuple[str, ...]:
+    return tuple(builtin_specs())
 
 
 @lru_cache(maxsize=1)
 def specs() -> dict:
     """stage type -> StageSpec, the kit's own first."""
-    from kitcli.recipe.schema import StageSpec
+    from kitcli.recipe.stage_spec import StageSpec
 
-    found = {name: importlib.import_module(f"kitcli.stages.{name}").SPEC for name in BUILTIN}
+    found = dict(builtin_specs())
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         if ep.name in found:
             continue

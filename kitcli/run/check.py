@@ -33,8 +33,6 @@ from kitcli.run.speed_check import speed_findings
 from kitcli.run.tool_check import row_schemas, tool_length_findings
 from kitcli.training.tool_use import stage_schemas
 
-RL_TYPES_WITH_COMPLETIONS = ("grpo", "gspo", "rloo")
-PAIR_TYPES = ("dpo", "kto", "reward")
 LENGTH_ROWS = 1000  # rows whose token lengths are measured (evenly spaced over larger datasets)
 TAG_REWARDS = ("format", "tag_credit")  # built-ins that want the completion to open tags (default think, answer)
 
@@ -114,9 +112,8 @@ def stage_rows(ctx: StageContext) -> list[dict[str, Any]] | None:
     if kind.rows is not None:
         return kind.rows(ctx)
     rows = read_rows(spec, ctx.where)
-    if ctx.stage["type"] == "kto" and "chosen" in rows[0] and "completion" not in rows[0]:
-        rows = [{"prompt": r["prompt"], "completion": r["chosen"]} for r in rows] + \
-               [{"prompt": r["prompt"], "completion": r["rejected"]} for r in rows]
+    if kind.as_trained is not None:  # e.g. KTO unpairs pairs
+        rows = kind.as_trained(rows)
     keys = ("prompt", "completion", "chosen", "rejected", "messages", "text", "answer", "tools")
     rows = [{k: r[k] for k in keys if k in r} for r in rows]
     if ctx.stage.get("system_prompt") and any("prompt" in r or "messages" in r for r in rows[:1]):
@@ -187,25 +184,31 @@ class Renderer:
 
 def length_findings(ctx: StageContext, rows: list[dict[str, Any]], values: dict[str, Any], render: Renderer,
                     generation: dict[str, Any] | None) -> list[Finding]:
-    stage, kind, seq = ctx.name, ctx.stage["type"], ctx.model["max_seq_length"]
+    stage, seq = ctx.name, ctx.model["max_seq_length"]
+    spec = stage_types.spec(ctx.stage["type"])
+    shape, evaluates = spec.rows_shape, spec.evaluates
+    if shape is None:
+        return [Finding(stage, "lengths", "warn", f"stage type '{spec.type}'",
+                        "kit check has no length check for this stage type (its StageSpec sets no rows_shape), so "
+                        "nothing says whether its rows fit; see docs/extending.md")]
     found: list[Finding] = []
     prompts = render.counts([render.prompt(r["prompt"], row_schemas(r)) for r in rows if "prompt" in r])
-    if kind in RL_TYPES_WITH_COMPLETIONS or kind == "ppo" or kind == "eval":
-        room = (values.get("max_completion_length") or values.get("response_length") or 0) if kind != "eval" \
+    if shape == "prompts":
+        room = (values.get("max_completion_length") or values.get("response_length") or 0) if not evaluates \
             else generation["max_new_tokens"]
-        name = "generation.max_new_tokens" if kind == "eval" else "train.max_completion_length"
+        name = "generation.max_new_tokens" if evaluates else "train.max_completion_length"
         found.append(cut_finding(stage, f"prompt + {room} new tokens", [n + room for n in prompts], seq,
                                  "model.max_seq_length"))
-        answers = [n + (0 if kind == "eval" else 1) for n in render.counts(
+        answers = [n + (0 if evaluates else 1) for n in render.counts(
             [str(r["answer"]) for r in rows if "answer" in r and isinstance(r["answer"], (str, int, float))])]
         if answers and room:
-            check = cut_finding(stage, "reference answer" + (" + stop token" if kind != "eval" else ""), answers,
+            check = cut_finding(stage, "reference answer" + (" + stop token" if not evaluates else ""), answers,
                                 room, name)
             check.verdict = check.verdict.replace("would be cut", "cannot fit a correct completion")
             found.append(check)
         return found
     limit = values.get("max_length")
-    if kind == "sft":
+    if shape == "text":
         texts, paired = [], []
         for r in rows:
             if "messages" in r:
@@ -223,7 +226,7 @@ def length_findings(ctx: StageContext, rows: list[dict[str, Any]], values: dict[
             found.append(cut_finding(stage, "completions", replies, None, ""))
         found.append(cut_finding(stage, "whole rows", wholes, limit, "train.max_length"))
         return found
-    if kind in PAIR_TYPES:
+    if shape == "pairs":
         for side in ("chosen", "rejected", "completion"):
             lengths = render.counts([render.whole(r.get("prompt", ""), r[side], eos=True) for r in rows if side in r])
             if lengths:
@@ -240,12 +243,12 @@ def steps_per_epoch_rl(rows: int, values: dict[str, Any], world: int) -> float:
 def batch_findings(ctx: StageContext, rows: int, values: dict[str, Any]) -> list[Finding]:
     from kitcli import dist
 
-    stage, kind, world = ctx.name, ctx.stage["type"], dist.world_size()
-    if kind == "eval" or "per_device_train_batch_size" not in values:
+    stage, spec, world = ctx.name, stage_types.spec(ctx.stage["type"]), dist.world_size()
+    if spec.evaluates or "per_device_train_batch_size" not in values:
         return []
     per, accum = values["per_device_train_batch_size"], values["gradient_accumulation_steps"]
     found = []
-    if kind in RL_TYPES_WITH_COMPLETIONS:
+    if spec.groups:
         generations = values["num_generations"]
         batch = values.get("generation_batch_size") or per * values.get("steps_per_generation", accum) * world
         per_epoch = steps_per_epoch_rl(rows, values, world)
@@ -286,7 +289,7 @@ def opened_tags(text: str) -> list[str]:
 
 
 def template_findings(ctx: StageContext, rows: list[dict[str, Any]], render: Renderer) -> list[Finding]:
-    stage, kind, tokenizer = ctx.name, ctx.stage["type"], render.tokenizer
+    stage, tokenizer = ctx.name, render.tokenizer
     first = rows[0]
     chat = any(is_chat(first.get(k)) for k in ("prompt", "completion", "chosen", "messages"))
     if not chat:
@@ -314,7 +317,7 @@ def template_findings(ctx: StageContext, rows: list[dict[str, Any]], render: Ren
         elif tags:
             found.append(Finding(stage, "generation prompt", "info", f"ends with <{tags[0]}>",
                                  f"completions start inside <{tags[0]}>"))
-    if kind == "sft":
+    if stage_types.spec(ctx.stage["type"]).rows_shape == "text":  # supervised targets: the reply must end in a stop
         stops = stop_tokens(tokenizer)
         after = reply_end(first, render)
         present = [s for s in stops if s and s in after]
@@ -387,7 +390,7 @@ def check_recipe(recipe: Recipe, run_dir: Path | None = None, console=None) -> l
                 found.append(Finding(ctx.name, "data", "info", stage["data"]["path"], "a hub dataset: read when it "
                                                                                       "runs"))
             continue
-        values = resolved_values(ctx) if stage["type"] != "eval" else {}
+        values = resolved_values(ctx) if not stage_types.spec(stage["type"]).evaluates else {}
         generation = {"max_new_tokens": 32, **(stage.get("generation") or {})}
         template = template_findings(ctx, rows, render)
         schemas, measured = stage_schemas(ctx), evenly_spaced(rows, LENGTH_ROWS)

@@ -42,10 +42,10 @@ def formatted_example(recipe: Recipe, stage: dict[str, Any]) -> str | None:
     if not isinstance(spec, dict) or not Path(spec["path"]).is_file():
         return None
     row = read_rows({**spec, "limit": 1}, stage["name"])[0]
-    if stage["type"] == "kto" and "chosen" in row and "completion" not in row:
-        row = {"prompt": row["prompt"], "completion": row["chosen"], "label": True}
     kind = stage_types.spec(stage["type"])
-    generates = kind.rl or kind.evaluates  # the model sees the prompt only and writes the rest itself
+    if kind.as_trained is not None:  # e.g. KTO unpairs a pair: its first row is (prompt, chosen, true)
+        row = kind.as_trained([row])[0]
+    generates = kind.rows_shape == "prompts"  # the model sees the prompt only and writes the rest itself
     keys = [k for k in (("prompt",) if generates else ("prompt", "completion", "chosen", "rejected", "messages",
                                                          "text")) if k in row]
     row = apply_system_prompt([{k: row[k] for k in keys}], stage.get("system_prompt"), stage["name"], spec["path"])[0]

@@ -119,9 +119,7 @@ def resumed_note(checkpoint: str, stage_type: str, finished: bool = False) -> st
     if finished:  # kitcli/training/finished.py: the weights and the Trainer's state, nothing left to train
         return (f"resumed from {checkpoint} (step {checkpoint.rsplit('-', 1)[-1]}), where it had finished training: "
                 f"restored its weights and state, and did only its end work")
-    restored = ("the policy and critic adapters, the value head, the optimizer, the scheduler, the KL coefficient "
-                "and the RNG states (the data position follows from the step)") if stage_type == "ppo" else \
-        "every adapter's weights, the optimizer, the scheduler, the RNG states and the data position"
+    restored = stage_types.spec(stage_type).resume_restores
     return f"resumed from {checkpoint} (step {checkpoint.rsplit('-', 1)[-1]}): restored {restored}"
 
 
@@ -199,7 +197,32 @@ def run_stages(recipe: Recipe, run_dir: Path, lock: dict[str, Any], *, force: bo
                writer: WriterLock | None, selected: list[str] | None = None) -> Path:
     """Every stage in order, or the `selected` ones (finished stages before them are reused, the rest left as they
     are; `force` redoes only what runs)."""
-    main = writer is not None
+    prepare_run_dir(recipe, run_dir, lock, force=force, console=console, writer=writer)
+    if selected is not None:
+        check_selected_inputs(recipe, run_dir, selected)
+    outputs: dict[str, Path] = {}
+    results: list[tuple[dict[str, Any], dict[str, Any], str]] = []
+    for index, stage in enumerate(recipe.stages, start=1):
+        if selected is not None and stage["name"] not in selected:
+            outcome = reuse_unselected(stage, run_dir, f"{index}/{len(recipe.stages)}", console)
+        else:
+            ctx = StageContext(recipe, stage, run_dir, console, outputs)
+            outcome = run_one_stage(ctx, index, len(recipe.stages), lock, force=force, writer=writer)
+        if outcome is not None:
+            outputs[stage["name"]] = run_dir / stage["name"]
+            results.append((stage, *outcome))
+    if writer is None:
+        return run_dir
+    writer.check("its report")
+    report = write_run_report(run_dir, console)
+    print_summary(results, console, report=report, run_dir=run_dir)
+    return run_dir
+
+
+def prepare_run_dir(recipe: Recipe, run_dir: Path, lock: dict[str, Any], *, force: bool, console: Console,
+                    writer: WriterLock | None) -> None:
+    """Before any stage: the model reachable, every stage resolved against its trainer's config and checked, and
+    (main process) the run directory taken, checked against the lock of a run it already holds, the lock written."""
     check_model_reachable(recipe.data["model"]["name"])  # a hub model offline: one line before anything loads
     console.print(f"kit: checking {recipe.name}'s {len(recipe.stages)} stages against TRL's configs (loads torch, "
                   f"TRL and Unsloth first; their messages go to {RunDir(run_dir).library_log})",
@@ -207,23 +230,8 @@ def run_stages(recipe: Recipe, run_dir: Path, lock: dict[str, Any], *, force: bo
     described = preflight(recipe, run_dir, console)
     pre_run_check(recipe, console)  # kit check's cheap part: lengths, batches, template; `check: strict` stops
     lock["resolved"] = redact({s["name"]: d for s, d in zip(recipe.stages, described)})  # e.g. variant presets
-    if main:
-        existing = RunDir(run_dir).read_lock()
-        if existing is not None:
-            differs = same_run(existing, lock)
-            if differs and not force:
-                raise KitError(f"{run_dir} holds a run of a different recipe ({differs} differs); use another "
-                               f"--output, or --force to redo it with this recipe")
-            if not force:
-                check_resumable_stages(recipe, run_dir, existing, lock, console)
-        elif run_dir.exists() and any(p.name != WRITER_LOCK_NAME for p in run_dir.iterdir()) and not force:
-            raise KitError(f"{run_dir} exists and is not a kit run directory; choose another --output")
-        writer.take(create=True)  # creates the directory: nothing is written before this
-        libraries.library_log(RunDir(run_dir).library_log)
-        if existing is not None and not force and existing.get("rewritten by the trainer"):
-            lock["rewritten by the trainer"] = existing["rewritten by the trainer"]  # finished stages keep theirs
-        if existing is None or force or not same_resolution(existing, lock):
-            RunDir(run_dir).write_lock(lock)
+    if writer is not None:
+        take_run_dir(recipe, run_dir, lock, force=force, console=console, writer=writer)
     dist.barrier()
     console.print(f"run directory: {run_dir}", highlight=False, markup=False)
     if recipe.data["model"].get("trust_remote_code"):
@@ -231,69 +239,84 @@ def run_stages(recipe: Recipe, run_dir: Path, lock: dict[str, Any], *, force: bo
                       "will run",
                       highlight=False, markup=False)
 
-    if selected is not None:
-        check_selected_inputs(recipe, run_dir, selected)
-    outputs: dict[str, Path] = {}
-    results: list[tuple[dict[str, Any], dict[str, Any], str]] = []
-    total = len(recipe.stages)
-    for index, stage in enumerate(recipe.stages, start=1):
-        if selected is not None and stage["name"] not in selected:
-            done = RunDir(run_dir).stage(stage["name"]).done()
-            console.print(f"stage {index}/{total} {stage['name']} ({stage['type']}): not selected, "
-                          f"{'its finished output reused' if done is not None else 'left as it is'}",
-                          highlight=False, markup=False)
-            if done is not None:
-                outputs[stage["name"]] = run_dir / stage["name"]
-                results.append((stage, done, "skipped (done)"))
-            continue
-        if main:
-            writer.check(f"stage '{stage['name']}'")
-        ctx = StageContext(recipe, stage, run_dir, console, outputs)
-        done = ctx.dir.done()
-        if done is not None and not force:
-            console.print(f"stage {index}/{total} {stage['name']} ({stage['type']}): finished earlier, skipping",
-                          highlight=False, markup=False)
-            results.append((stage, done, "skipped (done)"))
-            outputs[stage["name"]] = ctx.stage_dir
-            continue
-        if main:
-            if force and ctx.stage_dir.exists():
-                shutil.rmtree(ctx.stage_dir)
-            ctx.stage_dir.mkdir(parents=True, exist_ok=True)
-        dist.barrier()
-        if not main and stage_types.spec(stage["type"]).evaluates:  # generation is not distributed: main evaluates
-            dist.barrier()
-            outputs[stage["name"]] = ctx.stage_dir
-            results.append((stage, ctx.dir.done() or {}, "ran (main process)"))
-            continue
-        console.rule(f"stage {index}/{total}: {stage['name']} ({stage['type']})")
-        started = time.time()
-        with stage_display(index, total, stage["type"]):
-            summary = run_stage(ctx)
-        summary = {**summary, "seconds": round(time.time() - started, 2), **peak_gpu_memory()}
-        if summary.get("resumed_from"):
-            from kitcli.training.finished import finished_steps
 
-            resumed = ctx.dir.checkpoints / summary["resumed_from"]
-            finished = (resumed / "trainer_state.json").is_file() and finished_steps(resumed) is not None
-            summary["resumed"] = resumed_note(summary["resumed_from"], stage["type"], finished)
-        if main:
-            ctx.dir.write_done(summary)
-            for warning in summary.get("warnings") or ():  # e.g. a reward that scored no sample in the stage
-                console.print(f"warning: stage '{ctx.name}': {warning}", highlight=False, markup=False,
-                              soft_wrap=True)
-            if summary.get("rewritten"):  # what the trainer changed when it was built, beside what preflight saw
-                lock.setdefault("rewritten by the trainer", {})[ctx.name] = summary["rewritten"]
-                RunDir(run_dir).write_lock(lock)
+def take_run_dir(recipe: Recipe, run_dir: Path, lock: dict[str, Any], *, force: bool, console: Console,
+                 writer: WriterLock) -> None:
+    """The main process: refuse a directory that holds another run (or is no run directory), check that unfinished
+    stages can resume, take the writer lock and write the run's lock file."""
+    existing = RunDir(run_dir).read_lock()
+    if existing is not None:
+        differs = same_run(existing, lock)
+        if differs and not force:
+            raise KitError(f"{run_dir} holds a run of a different recipe ({differs} differs); use another "
+                           f"--output, or --force to redo it with this recipe")
+        if not force:
+            check_resumable_stages(recipe, run_dir, existing, lock, console)
+    elif run_dir.exists() and any(p.name != WRITER_LOCK_NAME for p in run_dir.iterdir()) and not force:
+        raise KitError(f"{run_dir} exists and is not a kit run directory; choose another --output")
+    writer.take(create=True)  # creates the directory: nothing is written before this
+    libraries.library_log(RunDir(run_dir).library_log)
+    if existing is not None and not force and existing.get("rewritten by the trainer"):
+        lock["rewritten by the trainer"] = existing["rewritten by the trainer"]  # finished stages keep theirs
+    if existing is None or force or not same_resolution(existing, lock):
+        RunDir(run_dir).write_lock(lock)
+
+
+def reuse_unselected(stage: dict[str, Any], run_dir: Path, heading: str,
+                     console: Console) -> tuple[dict[str, Any], str] | None:
+    """A stage `--until` / `--only` leaves out: its finished output is reused, an unfinished one left as it is."""
+    done = RunDir(run_dir).stage(stage["name"]).done()
+    console.print(f"stage {heading} {stage['name']} ({stage['type']}): not selected, "
+                  f"{'its finished output reused' if done is not None else 'left as it is'}",
+                  highlight=False, markup=False)
+    return (done, "skipped (done)") if done is not None else None
+
+
+def run_one_stage(ctx: StageContext, index: int, total: int, lock: dict[str, Any], *, force: bool,
+                  writer: WriterLock | None) -> tuple[dict[str, Any], str]:
+    """Stage `index` of `total`: skipped when it finished earlier, else run (resuming its last checkpoint) and its
+    DONE written. Returns (its summary, what happened)."""
+    main, stage, console, heading = writer is not None, ctx.stage, ctx.console, f"{index}/{total}"
+    if main:
+        writer.check(f"stage '{ctx.name}'")
+    done = ctx.dir.done()
+    if done is not None and not force:
+        console.print(f"stage {heading} {ctx.name} ({stage['type']}): finished earlier, skipping",
+                      highlight=False, markup=False)
+        return done, "skipped (done)"
+    if main:
+        if force and ctx.stage_dir.exists():
+            shutil.rmtree(ctx.stage_dir)
+        ctx.stage_dir.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    if not main and stage_types.spec(stage["type"]).evaluates:  # generation is not distributed: main evaluates
         dist.barrier()
-        outputs[stage["name"]] = ctx.stage_dir
-        results.append((stage, summary, "ran"))
-    if not main:
-        return run_dir
-    writer.check("its report")
-    report = write_run_report(run_dir, console)
-    print_summary(results, console, report=report, run_dir=run_dir)
-    return run_dir
+        return ctx.dir.done() or {}, "ran (main process)"
+    console.rule(f"stage {heading}: {ctx.name} ({stage['type']})")
+    started = time.time()
+    with stage_display(index, total, stage["type"]):
+        summary = run_stage(ctx)
+    summary = {**summary, "seconds": round(time.time() - started, 2), **peak_gpu_memory()}
+    if summary.get("resumed_from"):
+        from kitcli.training.finished import finished_steps
+
+        resumed = ctx.dir.checkpoints / summary["resumed_from"]
+        finished = (resumed / "trainer_state.json").is_file() and finished_steps(resumed) is not None
+        summary["resumed"] = resumed_note(summary["resumed_from"], stage["type"], finished)
+    if main:
+        write_done(ctx, summary, lock)
+    dist.barrier()
+    return summary, "ran"
+
+
+def write_done(ctx: StageContext, summary: dict[str, Any], lock: dict[str, Any]) -> None:
+    """The stage's DONE, its warnings printed, and what its trainer rewrote added to the run's lock."""
+    ctx.dir.write_done(summary)
+    for warning in summary.get("warnings") or ():  # e.g. a reward that scored no sample in the stage
+        ctx.console.print(f"warning: stage '{ctx.name}': {warning}", highlight=False, markup=False, soft_wrap=True)
+    if summary.get("rewritten"):  # what the trainer changed when it was built, beside what preflight saw
+        lock.setdefault("rewritten by the trainer", {})[ctx.name] = summary["rewritten"]
+        RunDir(ctx.run_dir).write_lock(lock)
 
 
 def write_run_report(run_dir: Path, console: Console) -> Path | None:

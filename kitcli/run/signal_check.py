@@ -23,7 +23,7 @@ from typing import Any
 from kitcli.recipe import stage_types
 from kitcli.recipe.load import Recipe
 from kitcli.recipe.stage_context import StageContext
-from kitcli.run.check import RL_TYPES_WITH_COMPLETIONS, resolved_values
+from kitcli.run.check import resolved_values
 from kitcli.run.findings import Finding
 from rewards.sample_scores import worked_solution_advice, worked_solution_column
 
@@ -145,7 +145,7 @@ def check_signal(recipe: Recipe, run_dir: Path, prompts: int, console) -> tuple[
     found: list[Finding] = []
     figures: dict[str, Any] = {}
     for stage in recipe.stages:
-        if stage["type"] not in RL_TYPES_WITH_COMPLETIONS:
+        if not stage_types.spec(stage["type"]).groups:
             continue
         ctx = StageContext(recipe, stage, run_dir, console, outputs)
         console.print(f"kit check: sampling the starting policy of stage '{ctx.name}' ...", highlight=False,

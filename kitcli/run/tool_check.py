@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kitcli.recipe import stage_types
 from kitcli.recipe.stage_context import StageContext
 from kitcli.run.findings import Finding, cut_finding
 
@@ -39,7 +40,7 @@ def tool_length_findings(ctx: StageContext, rows: list[dict[str, Any]], values: 
                          generation: dict[str, Any], schemas: list[dict[str, Any]]) -> list[Finding]:
     """An RL or eval stage with tools: prompt with schemas + room against max_seq_length, and a call + result +
     answer against max_completion_length (GRPO / GSPO) or the call against generation.max_new_tokens (eval)."""
-    stage, is_eval = ctx.name, ctx.stage["type"] == "eval"
+    stage, is_eval = ctx.name, stage_types.spec(ctx.stage["type"]).evaluates
     chats = [r for r in rows if isinstance(r.get("prompt"), list)]
     prompt_lengths = render.counts([render.prompt(r["prompt"], schemas) for r in chats])
     room = generation["max_new_tokens"] if is_eval else values.get("max_completion_length") or 0

@@ -33,8 +33,8 @@ from pydantic import Field
 from kitcli.data.rows import apply_system_prompt, to_dataset
 from kitcli.errors import KitError
 from kitcli.models.backend import cuda_available, is_peft_model, load_stage_policy, save_model
-from kitcli.recipe.schema import StageSpec
 from kitcli.recipe.stage_context import StageContext
+from kitcli.recipe.stage_spec import StageSpec
 from kitcli.stages.pairs import PreferenceSection, describe_data, final_evaluation, has_eval, train_eval_rows
 from kitcli.training import trainers
 from kitcli.training.checkpoints import record_effective_settings, resume_checkpoint, train
@@ -72,7 +72,7 @@ def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, A
         "max_length": ctx.model["max_seq_length"],
         "truncation_mode": "keep_start",
         "padding_free": False,
-        "precompute_ref_log_probs": several_passes(ctx.stage.get("train", {})),
+        "precompute_ref_log_probs": several_passes(ctx.section.train),
         "precompute_ref_batch_size": None,
         "sync_ref_model": False,
         "disable_dropout": True,
@@ -86,7 +86,7 @@ def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, A
 
 def make_config(ctx: StageContext):
     config = build_config(trainers.config_class("dpo"), stage_defaults=stage_defaults(ctx),
-                          train=ctx.stage.get("train", {}),
+                          train=ctx.section.train,
                           where=ctx.where, output_dir=ctx.dir.checkpoints, seed=ctx.seed,
                           on_gpu=cuda_available())
     if config.sync_ref_model and ctx.recipe.data["lora"] is not None:
@@ -100,15 +100,15 @@ def describe(ctx: StageContext) -> dict[str, Any]:
 
     prepare_backend(choose_backend(ctx.model["backend"]))
     config = make_config(ctx)
-    return {"init": ctx.stage.get("init") or "base model",
-            "reference": f"frozen copy of the starting policy ({ctx.stage.get('init') or 'base model'})",
+    return {"init": ctx.section.init or "base model",
+            "reference": f"frozen copy of the starting policy ({ctx.section.init or 'base model'})",
             **describe_data(ctx),
             **config_summary(config, stage_defaults(ctx), ctx.stage.get("train", {}))}
 
 
 def build_trainer(ctx: StageContext, config=None):
     """The DPOTrainer this stage trains with, its loaded policy, and how the reference was made."""
-    system, path = ctx.stage.get("system_prompt"), ctx.stage["data"]["path"]
+    system, path = ctx.section.system_prompt, ctx.section.data.path
     train_rows, eval_rows = (apply_system_prompt(rows, system, ctx.where, path) for rows in train_eval_rows(ctx))
     config = config or make_config(ctx)
     loaded = load_stage_policy(ctx.model, lora=ctx.recipe.data["lora"], seed=ctx.seed, init_from=ctx.init_dir,
@@ -157,9 +157,10 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 
 SPEC = StageSpec(
-    type="dpo", module=__name__, section=DPOSection,
+    type="dpo", order=30, module=__name__, section=DPOSection,
     summary="TRL DPOTrainer, sigmoid loss, against a frozen copy of the starting policy",
-    output="policy", init_from=("policy",), trainer="dpo",
+    output="policy", init_from=("policy",), trainer="trl.trainer.dpo_trainer:DPOTrainer",
+    config="trl.trainer.dpo_config:DPOConfig", rows_shape="pairs", reference="always",
     metrics=(("loss", "loss"), ("rewards/margins", "margin"), ("rewards/accuracies", "accuracy"),
              ("rewards/chosen", "chosen"), ("rewards/rejected", "rejected"), ("learning_rate", "lr")),
     panels=(("loss", "loss", ("loss", "eval_loss")),

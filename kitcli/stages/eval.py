@@ -44,8 +44,9 @@ from kitcli.data.rows import apply_system_prompt, read_rows, require_columns
 from kitcli.errors import KitError, did_you_mean
 from kitcli.models.backend import load_stage_policy
 from kitcli.models.generate import exact_match, generate
-from kitcli.recipe.schema import DataSpec, GenerationSpec, RewardSpec, StageSection, StageSpec, base_dir_of, fail
+from kitcli.recipe.schema import DataSpec, GenerationSpec, RewardSpec, StageSection, base_dir_of, fail
 from kitcli.recipe.stage_context import StageContext
+from kitcli.recipe.stage_spec import StageSpec
 from kitcli.recipe.tool_spec import ToolSpec
 
 GENERATION_DEFAULTS = {name: field.default for name, field in GenerationSpec.model_fields.items()}
@@ -183,10 +184,10 @@ def check_eval_rows(rows: list[dict[str, Any]], rewards, where: str, path: str) 
 
 
 def load_rows(ctx: StageContext, rewards) -> list[dict[str, Any]]:
-    spec = ctx.stage["data"]
+    spec = ctx.section.data
     rows = read_rows(spec, ctx.where)
-    check_eval_rows(rows, rewards, ctx.where, spec["path"])
-    return apply_system_prompt(rows, ctx.stage.get("system_prompt"), ctx.where, spec["path"])
+    check_eval_rows(rows, rewards, ctx.where, spec.path)
+    return apply_system_prompt(rows, ctx.section.system_prompt, ctx.where, spec.path)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -286,13 +287,12 @@ def write_samples(path, records: list[dict[str, Any]]) -> None:
 def benchmark_settings(ctx: StageContext):
     from kitcli.models.benchmarks import BenchmarkSettings, task_names
 
-    stage, paths = ctx.stage, ctx.stage.get("include_path") or []
-    return BenchmarkSettings(tasks=task_names(stage["tasks"], ctx.where),
+    section, paths = ctx.section, ctx.section.include_path
+    return BenchmarkSettings(tasks=task_names(section.tasks, ctx.where),
                              include_path=include_dirs([paths] if isinstance(paths, str) else paths,
                                                        ctx.recipe.base_dir, lambda m: KitError(f"{ctx.where}: {m}")),
-                             limit=stage.get("limit"), num_fewshot=stage.get("num_fewshot"),
-                             batch_size=stage.get("batch_size", 32),
-                             apply_chat_template=stage.get("apply_chat_template", False),
+                             limit=section.limit, num_fewshot=section.num_fewshot, batch_size=section.batch_size,
+                             apply_chat_template=section.apply_chat_template,
                              max_length=ctx.model["max_seq_length"])
 
 
@@ -320,22 +320,22 @@ def run_tasks(ctx: StageContext) -> dict[str, Any]:
 def describe(ctx: StageContext) -> dict[str, Any]:
     from kitcli.training.tool_use import describe_tools
 
-    if ctx.stage.get("tasks") is not None:  # names checked and datasets loaded now, before anything trains
+    if ctx.section.tasks is not None:  # names checked and datasets loaded now, before anything trains
         from kitcli.models.benchmarks import load_tasks
 
         settings = benchmark_settings(ctx)
         load_tasks(settings, ctx.where)
-        return {"init": ctx.stage.get("init") or "base model", "lm_eval": settings.record()}
+        return {"init": ctx.section.init or "base model", "lm_eval": settings.record()}
     settings = generation_settings(ctx)
     rewards = load_eval_rewards(ctx.stage.get("rewards"), ctx.recipe.base_dir, ctx.where, ctx.run_dir)
     rows = load_rows(ctx, rewards)
-    return {"init": ctx.stage.get("init") or "base model", "data": ctx.stage["data"]["path"], "rows": len(rows),
+    return {"init": ctx.section.init or "base model", "data": ctx.section.data.path, "rows": len(rows),
             "rewards": [f"{r.name} (weight {r.weight:g}, {r.source})" for r in rewards],
             "exact_match": "answer" in rows[0], "generation": settings, **describe_tools(ctx)}
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
-    if ctx.stage.get("tasks") is not None:
+    if ctx.section.tasks is not None:
         return run_tasks(ctx)
     settings = generation_settings(ctx)
     rewards = load_eval_rewards(ctx.stage.get("rewards"), ctx.recipe.base_dir, ctx.where, ctx.run_dir)
@@ -344,7 +344,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
                                log=ctx.log, label="evaluated model")
     summary, records = evaluate_rows(loaded.model, loaded.tokenizer, rows, settings, rewards, seed=ctx.seed,
                                      log=ctx.log, where=ctx.where)
-    if ctx.stage.get("tools"):  # the same rows again, greedy, with the tools (kitcli/training/tool_use.py)
+    if ctx.section.tools:  # the same rows again, greedy, with the tools (kitcli/training/tool_use.py)
         from kitcli.training.tool_use import evaluate_with_tools
 
         summary.update(evaluate_with_tools(ctx, loaded.model, loaded.tokenizer, rows, records, settings))
@@ -355,7 +355,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 
 SPEC = StageSpec(
-    type="eval", module=__name__, section=EvalSection,
+    type="eval", order=100, module=__name__, section=EvalSection,
     summary="greedy (or n-sample) generation on a held-out file: exact match, pass@k, reward means; or "
             "lm-evaluation-harness tasks",
-    output="none", init_from=("policy",), evaluates=True, launcher="main process only (the others wait)")
+    output="none", init_from=("policy",), evaluates=True, rows_shape="prompts",
+    launcher="main process only (the others wait)")

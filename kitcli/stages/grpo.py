@@ -60,8 +60,9 @@ from kitcli import dist
 from kitcli.data.rows import read_rows, to_dataset, with_system_prompt
 from kitcli.errors import KitError
 from kitcli.models.backend import cuda_available, load_stage_policy, save_model
-from kitcli.recipe.schema import RESERVED_TRAIN, StageSpec
+from kitcli.recipe.schema import RESERVED_TRAIN
 from kitcli.recipe.stage_context import StageContext
+from kitcli.recipe.stage_spec import StageSpec
 from kitcli.recipe.unsloth_spec import UnslothSpec, unsloth_field
 from kitcli.training import unsloth_grpo
 from kitcli.training.checkpoints import record_effective_settings, resume_checkpoint, train
@@ -147,7 +148,7 @@ def base_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, An
 
 
 def variant_name(ctx: StageContext) -> str:
-    return ctx.stage.get("variant") or DEFAULT_VARIANT
+    return ctx.section.variant or DEFAULT_VARIANT
 
 
 def stage_defaults(ctx: StageContext, preset: dict[str, Any], on_gpu: bool | None = None,
@@ -155,11 +156,11 @@ def stage_defaults(ctx: StageContext, preset: dict[str, Any], on_gpu: bool | Non
     """base < preset, then the generation batch: `steps_per_generation` unless `train:` sizes it by
     `generation_batch_size` (TRL takes one or the other). Only the fields the trainer kind's config has (an RLOO
     stage has no GRPO-only fields)."""
+    from kitcli.recipe import stage_types
     from kitcli.recipe.config_fields import config_fields
-    from kitcli.training.trainers import TRAINERS
 
-    train = ctx.stage.get("train", {})
-    known = config_fields(TRAINERS[kind][2])
+    train = ctx.section.train
+    known = config_fields(stage_types.spec(kind).config_name)
     defaults = {k: v for k, v in {**base_defaults(ctx, on_gpu), **preset}.items() if k in known}
     if "generation_batch_size" in train:
         defaults.pop("steps_per_generation", None)
@@ -219,19 +220,19 @@ def check_save_steps(values: dict[str, Any], where: str) -> None:
 
 def reward_model_stage(ctx: StageContext) -> str | None:
     """The reward stage whose merged model scores completions, if `reward_model:` names one."""
-    return (ctx.stage.get("reward_model") or {}).get("stage")
+    return ctx.section.reward_model.stage if ctx.section.reward_model is not None else None
 
 
 def reward_model_name(ctx: StageContext) -> str | None:
     """The reward model's name: its stage, or its directory's name (TRL logs it as rewards/<name>/mean)."""
-    spec = ctx.stage.get("reward_model")
+    spec = ctx.section.reward_model
     if spec is None:
         return None
-    return spec.get("stage") or Path(spec["path"]).name
+    return spec.stage or Path(spec.path).name
 
 
 def reward_model_weight(ctx: StageContext) -> float:
-    return float(ctx.stage["reward_model"]["weight"])
+    return float(ctx.section.reward_model.weight)
 
 
 def load_reward_functions(ctx: StageContext):
@@ -242,28 +243,28 @@ def load_reward_functions(ctx: StageContext):
 
 def reward_weights(ctx: StageContext, rewards) -> list[float]:
     weights = [r.weight for r in rewards]
-    if ctx.stage.get("reward_model") is not None:
+    if ctx.section.reward_model is not None:
         weights.append(reward_model_weight(ctx))
     return weights
 
 
 def load_rows(ctx: StageContext, rewards=()) -> list[dict[str, Any]]:
-    spec = ctx.stage["data"]
-    method = ctx.stage["type"].upper()
+    spec = ctx.section.data
+    method = ctx.section.type.upper()
     rows = read_rows(spec, ctx.where)
     if "prompt" not in rows[0]:
         present = sorted(rows[0])
         likely = [c for c in ("question", "problem", "query", "instruction", "input", "text") if c in present]
         likely += [c for c in present if c not in likely and c not in ("answer", "solution", "completion")]
         hint = f"; map yours with e.g. columns: {{{likely[0]}: prompt}}" if likely else ""
-        raise KitError(f"{ctx.where}: dataset '{spec['path']}' has no prompt column (it has "
+        raise KitError(f"{ctx.where}: dataset '{spec.path}' has no prompt column (it has "
                        f"{', '.join(present)}); {method} samples completions for each prompt{hint}")
     for index, row in enumerate(rows):
         if row["prompt"] in (None, "", []):
-            raise KitError(f"{ctx.where}: row {index} of '{spec['path']}' has an empty prompt; every {method} row "
+            raise KitError(f"{ctx.where}: row {index} of '{spec.path}' has an empty prompt; every {method} row "
                            f"needs a prompt (a string or a list of messages)")
-    check_data(rewards, rows, ctx.where, f"'{spec['path']}'")  # the columns and rows the rewards need
-    system = ctx.stage.get("system_prompt")
+    check_data(rewards, rows, ctx.where, f"'{spec.path}'")  # the columns and rows the rewards need
+    system = ctx.section.system_prompt
     return [{**row, "prompt": with_system_prompt(row["prompt"], system)} for row in rows]
 
 
@@ -276,7 +277,7 @@ def check_loss_settings(values: dict[str, Any], where: str) -> None:
 
 
 def resolved_defaults(ctx: StageContext, preset: dict[str, Any], rewards, kind: str = "grpo") -> dict[str, Any]:
-    train = ctx.stage.get("train", {})
+    train = ctx.section.train
     if "reward_weights" in train:
         raise KitError(f"{ctx.where}: train.reward_weights is set by the kit from each reward's weight:; "
                        f"give the weights there instead")
@@ -303,7 +304,7 @@ def resolved_defaults(ctx: StageContext, preset: dict[str, Any], rewards, kind: 
 def make_config(ctx: StageContext, defaults: dict[str, Any], kind: str = "grpo"):
     from kitcli.training.trainers import config_class
 
-    return build_config(config_class(kind), stage_defaults=defaults, train=ctx.stage.get("train", {}),
+    return build_config(config_class(kind), stage_defaults=defaults, train=ctx.section.train,
                         where=ctx.where,
                         output_dir=ctx.dir.checkpoints, seed=ctx.seed, on_gpu=cuda_available())
 
@@ -312,7 +313,7 @@ def check_enough_prompts(ctx: StageContext, rows: int, config) -> None:
     """TRL draws whole generation batches of prompts: with fewer prompts than one batch needs it trains nothing."""
     per_batch = config.generation_batch_size // config.num_generations
     if rows < per_batch:
-        raise KitError(f"{ctx.where}: the stage would run zero optimizer steps: '{ctx.stage['data']['path']}' has "
+        raise KitError(f"{ctx.where}: the stage would run zero optimizer steps: '{ctx.section.data.path}' has "
                        f"{rows} prompts, fewer than the {per_batch} one generation batch draws "
                        f"(generation batch {config.generation_batch_size} / num_generations {config.num_generations}); "
                        f"give more prompts, or lower per_device_train_batch_size")
@@ -324,9 +325,9 @@ def describe_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, A
     from kitcli.models.backend import choose_backend, prepare_backend
 
     prepare_backend(choose_backend(ctx.model["backend"]))
-    spec = ctx.stage["data"]
+    spec = ctx.section.data
     rewards = load_reward_functions(ctx)
-    rows: Any = (len(load_rows(ctx, rewards)) if Path(spec["path"]).is_file()
+    rows: Any = (len(load_rows(ctx, rewards)) if Path(spec.path).is_file()
                  else "hub dataset, read when the stage runs")
     defaults = resolved_defaults(ctx, preset, rewards, kind)
     config = make_config(ctx, defaults, kind)
@@ -335,12 +336,12 @@ def describe_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, A
     if isinstance(rows, int):
         check_enough_prompts(ctx, rows, config)
     listed = [f"{r.name} (weight {r.weight:g}, {r.source})" for r in rewards]
-    if ctx.stage.get("reward_model") is not None:
+    if ctx.section.reward_model is not None:
         stage = reward_model_stage(ctx)
-        source = f"of stage '{stage}'" if stage else ctx.stage["reward_model"]["path"]
+        source = f"of stage '{stage}'" if stage else ctx.section.reward_model.path
         listed.append(f"reward model {source} (weight {reward_model_weight(ctx):g})")
-    return {"init": ctx.stage.get("init") or "base model", **extra, "data": spec["path"], "rows": rows,
-            "rewards": listed, **describe_tools(ctx), **config_summary(config, defaults, ctx.stage.get("train", {}))}
+    return {"init": ctx.section.init or "base model", **extra, "data": spec.path, "rows": rows,
+            "rewards": listed, **describe_tools(ctx), **config_summary(config, defaults, ctx.section.train)}
 
 
 def describe(ctx: StageContext) -> dict[str, Any]:
@@ -354,7 +355,7 @@ def load_reward_scorer(ctx: StageContext):
     from kitcli.models.reward_models import load_seq_cls_scorer
 
     stage = reward_model_stage(ctx)
-    path = ctx.output(stage).merged if stage else Path(ctx.stage["reward_model"]["path"])
+    path = ctx.output(stage).merged if stage else Path(ctx.section.reward_model.path)
     if not (path / "config.json").exists():
         raise KitError(f"{ctx.where}: reward stage '{stage}' left no merged model in {path}; re-run it with --force")
     model, tokenizer = load_seq_cls_scorer(path, dtype=ctx.model["dtype"], log=ctx.log)
@@ -378,7 +379,7 @@ def build_trainer(ctx: StageContext, preset: dict[str, Any], config=None, kind: 
     stats = RewardStats()
     reward_funcs: list[Any] = guard_rewards(rewards, stats)
     processing: list[Any] = [None] * len(reward_funcs)
-    if ctx.stage.get("reward_model") is not None:
+    if ctx.section.reward_model is not None:
         model, tokenizer = load_reward_scorer(ctx)
         reward_funcs.append(model)
         processing.append(tokenizer)
@@ -435,9 +436,11 @@ RL_MEMORY = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_
              "max_completion_length")
 
 SPEC = StageSpec(
-    type="grpo", module=__name__, section=GRPOSection,
+    type="grpo", order=60, module=__name__, section=GRPOSection,
     summary="TRL GRPOTrainer with a variant preset: " + ", ".join(VARIANTS),
-    output="policy", init_from=("policy",), trainer="grpo", metrics=RL_METRICS, panels=RL_PANELS, rl=True,
+    output="policy", init_from=("policy",), trainer="trl.trainer.grpo_trainer:GRPOTrainer",
+    config="trl.trainer.grpo_config:GRPOConfig", metrics=RL_METRICS, panels=RL_PANELS, rl=True,
+    rows_shape="prompts", groups=True, reference="beta",
     launcher="data parallel (TRL GRPOTrainer): each process generates its share of the completions",
     memory_settings=RL_MEMORY, rows=load_rows,
     defaults=lambda ctx, on_gpu=None: stage_defaults(ctx, VARIANTS[variant_name(ctx)], on_gpu))

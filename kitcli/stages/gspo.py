@@ -40,8 +40,9 @@ from pydantic import Field
 
 from kitcli import dist
 from kitcli.errors import KitError
-from kitcli.recipe.schema import RESERVED_TRAIN, StageSpec
+from kitcli.recipe.schema import RESERVED_TRAIN
 from kitcli.recipe.stage_context import StageContext
+from kitcli.recipe.stage_spec import StageSpec
 from kitcli.recipe.unsloth_spec import UnslothSpec, unsloth_field
 from kitcli.stages import grpo
 from kitcli.training.tool_use import ToolsSection
@@ -75,7 +76,7 @@ DEFAULT_VARIANT = "gspo"
 
 
 def variant_name(ctx: StageContext) -> str:
-    return ctx.stage.get("variant") or DEFAULT_VARIANT
+    return ctx.section.variant or DEFAULT_VARIANT
 
 
 def preset(ctx: StageContext) -> dict[str, Any]:
@@ -83,11 +84,11 @@ def preset(ctx: StageContext) -> dict[str, Any]:
 
 
 def check_off_policy(ctx: StageContext) -> None:
-    train = ctx.stage.get("train", {})
+    train = ctx.section.train
     if train.get("importance_sampling_level", "sequence") != "sequence":
         raise KitError(f"{ctx.where}: a gspo stage uses importance_sampling_level 'sequence'; for token-level "
                        f"ratios use a stage of type grpo")
-    if ctx.stage.get("allow_on_policy"):
+    if ctx.section.allow_on_policy:
         return
     values = {**grpo.stage_defaults(ctx, preset(ctx)), **train}
     accumulation = values["gradient_accumulation_steps"]
@@ -108,7 +109,7 @@ def check_off_policy(ctx: StageContext) -> None:
 def describe(ctx: StageContext) -> dict[str, Any]:
     check_off_policy(ctx)
     return grpo.describe_stage(ctx, preset(ctx), {"method": "gspo", "variant": variant_name(ctx),
-                                                  "allow_on_policy": ctx.stage.get("allow_on_policy", False)})
+                                                  "allow_on_policy": ctx.section.allow_on_policy})
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
@@ -117,8 +118,10 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 
 SPEC = StageSpec(
-    type="gspo", module=__name__, section=GSPOSection,
+    type="gspo", order=70, module=__name__, section=GSPOSection,
     summary="GRPO with importance_sampling_level sequence and the paper's configuration (variant gspo or luspo)",
-    output="policy", init_from=("policy",), trainer="grpo", metrics=grpo.RL_METRICS, panels=grpo.RL_PANELS, rl=True,
+    output="policy", init_from=("policy",), trainer="trl.trainer.grpo_trainer:GRPOTrainer",
+    config="trl.trainer.grpo_config:GRPOConfig", metrics=grpo.RL_METRICS, panels=grpo.RL_PANELS, rl=True,
+    rows_shape="prompts", groups=True, reference="beta",
     launcher="data parallel (TRL GRPOTrainer)", memory_settings=grpo.RL_MEMORY,
     defaults=lambda ctx, on_gpu=None: grpo.stage_defaults(ctx, preset(ctx), on_gpu), rows=grpo.load_rows)

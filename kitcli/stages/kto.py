@@ -58,8 +58,8 @@ from pydantic import Field
 from kitcli.data.rows import apply_system_prompt, read_rows, to_dataset
 from kitcli.errors import KitError
 from kitcli.models.backend import cuda_available, is_peft_model, load_stage_policy, save_model
-from kitcli.recipe.schema import StageSpec
 from kitcli.recipe.stage_context import StageContext
+from kitcli.recipe.stage_spec import StageSpec
 from kitcli.stages.dpo import several_passes
 from kitcli.stages.pairs import PreferenceSection, check_pair, eval_fraction, final_evaluation, has_eval, on_disk
 from kitcli.training import trainers
@@ -150,15 +150,20 @@ def unpair(pairs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def as_trained(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The file's rows as KTO trains on them: pairs unpaired, unpaired rows as they are."""
+    return unpair(rows) if rows and "chosen" in rows[0] and "completion" not in rows[0] else rows
+
+
 def read_kto_rows(ctx: StageContext, key: str = "data") -> tuple[list[dict[str, Any]], str]:
     """(rows checked row by row, 'unpaired' or 'pairs'): prompt / completion / label rows, or pairs (not yet
     unpaired, so that an eval split can hold out whole pairs)."""
-    spec = ctx.stage[key]
+    spec = getattr(ctx.section, key)
     where = f"{ctx.where}: {key}"
     rows = read_rows(spec, where)
-    found = data_format(rows, where, spec["path"])
-    checked = check_unpaired(rows, where, spec["path"]) if found == "unpaired" else check_pairs(rows, where,
-                                                                                                spec["path"])
+    found = data_format(rows, where, spec.path)
+    checked = check_unpaired(rows, where, spec.path) if found == "unpaired" else check_pairs(rows, where,
+                                                                                                spec.path)
     return checked, found
 
 
@@ -186,7 +191,7 @@ def shuffled(rows: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
 def train_eval_rows(ctx: StageContext) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str]:
     """(training rows, eval rows, the data's format), unpaired, shuffled and checked for both labels."""
     rows, found = read_kto_rows(ctx)
-    if "eval_data" in ctx.stage:
+    if ctx.section.eval_data is not None:
         eval_rows, eval_found = read_kto_rows(ctx, "eval_data")
         eval_rows = unpair(eval_rows) if eval_found == "pairs" else eval_rows
     else:
@@ -196,7 +201,7 @@ def train_eval_rows(ctx: StageContext) -> tuple[list[dict[str, Any]], list[dict[
     labels = {row["label"] for row in train_rows}
     if len(labels) < 2:
         (only,) = labels
-        raise KitError(f"{ctx.where}: all {len(train_rows)} training rows of '{ctx.stage['data']['path']}' have label "
+        raise KitError(f"{ctx.where}: all {len(train_rows)} training rows of '{ctx.section.data.path}' have label "
                        f"{str(only).lower()}; KTO needs both desirable (label true) and undesirable (label false) "
                        f"examples")
     return shuffled(train_rows, ctx.seed), shuffled(eval_rows, ctx.seed + 1), found
@@ -230,7 +235,7 @@ def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, A
         "undesirable_weight": 1.0,
         "max_length": ctx.model["max_seq_length"],
         "train_sampling_strategy": "sequential",  # the KL pairs each row with its neighbour; the stage shuffles
-        "precompute_ref_log_probs": several_passes(ctx.stage.get("train", {})),
+        "precompute_ref_log_probs": several_passes(ctx.section.train),
         "precompute_ref_batch_size": None,
         "sync_ref_model": False,
         "disable_dropout": True,
@@ -261,16 +266,16 @@ def check_settings(ctx: StageContext, config) -> None:
 
 def make_config(ctx: StageContext):
     config = build_config(trainers.config_class("kto"), stage_defaults=stage_defaults(ctx),
-                          train=ctx.stage.get("train", {}), where=ctx.where, output_dir=ctx.dir.checkpoints,
+                          train=ctx.section.train, where=ctx.where, output_dir=ctx.dir.checkpoints,
                           seed=ctx.seed, on_gpu=cuda_available())
     check_settings(ctx, config)
     return config
 
 
 def describe_data(ctx: StageContext, config) -> dict[str, Any]:
-    spec = ctx.stage["data"]
-    out: dict[str, Any] = {"data": spec["path"]}
-    if not on_disk(spec) or ("eval_data" in ctx.stage and not on_disk(ctx.stage["eval_data"])):
+    spec = ctx.section.data
+    out: dict[str, Any] = {"data": spec.path}
+    if not on_disk(spec) or (ctx.section.eval_data is not None and not on_disk(ctx.section.eval_data)):
         out["rows"] = "hub dataset, read when the stage runs"
         return out
     train_rows, eval_rows, found = train_eval_rows(ctx)
@@ -282,7 +287,7 @@ def describe_data(ctx: StageContext, config) -> dict[str, Any]:
     out["labels"] = balance(train_rows, config.desirable_weight, config.undesirable_weight)
     out["order"] = f"shuffled once with seed {ctx.seed} (TRL reads KTO rows in order; the KL pairs neighbours)"
     out["eval_rows"] = len(eval_rows)
-    out["eval"] = (ctx.stage["eval_data"]["path"] if "eval_data" in ctx.stage
+    out["eval"] = (ctx.section.eval_data.path if ctx.section.eval_data is not None
                    else f"{eval_fraction(ctx):g} of the {'pairs' if found == 'pairs' else 'rows'} held out "
                         f"(seed {ctx.seed})")
     return out
@@ -291,19 +296,19 @@ def describe_data(ctx: StageContext, config) -> dict[str, Any]:
 def describe(ctx: StageContext) -> dict[str, Any]:
     from kitcli.models.backend import choose_backend, prepare_backend
 
-    if on_disk(ctx.stage["data"]):
+    if on_disk(ctx.section.data):
         train_eval_rows(ctx)  # the rows' faults first: they need no library
     prepare_backend(choose_backend(ctx.model["backend"]))
     config = make_config(ctx)
-    return {"init": ctx.stage.get("init") or "base model",
-            "reference": f"frozen copy of the starting policy ({ctx.stage.get('init') or 'base model'})",
+    return {"init": ctx.section.init or "base model",
+            "reference": f"frozen copy of the starting policy ({ctx.section.init or 'base model'})",
             **describe_data(ctx, config),
-            **config_summary(config, stage_defaults(ctx), ctx.stage.get("train", {}))}
+            **config_summary(config, stage_defaults(ctx), ctx.section.train)}
 
 
 def build_trainer(ctx: StageContext, config=None):
     """The KTOTrainer this stage trains with, its loaded policy, and how the reference was made."""
-    system, path = ctx.stage.get("system_prompt"), ctx.stage["data"]["path"]
+    system, path = ctx.section.system_prompt, ctx.section.data.path
     train_rows, eval_rows, _ = train_eval_rows(ctx)
     train_rows, eval_rows = (apply_system_prompt(rows, system, ctx.where, path) for rows in (train_rows, eval_rows))
     config = config or make_config(ctx)
@@ -364,9 +369,10 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 
 SPEC = StageSpec(
-    type="kto", module=__name__, section=KTOSection,
+    type="kto", order=40, module=__name__, section=KTOSection,
     summary="TRL KTOTrainer on thumbs-up / thumbs-down rows (or pairs it unpairs), against the starting policy",
-    output="policy", init_from=("policy",), trainer="kto",
+    output="policy", init_from=("policy",), trainer="trl.trainer.kto_trainer:KTOTrainer",
+    config="trl.trainer.kto_config:KTOConfig", rows_shape="pairs", reference="always", as_trained=as_trained,
     metrics=(("loss", "loss"), ("rewards/margins", "margin"), ("rewards/chosen", "desirable"),
              ("rewards/rejected", "undesirable"), ("kl", "kl"), ("learning_rate", "lr")),
     panels=(("loss", "loss", ("loss", "eval_loss")),

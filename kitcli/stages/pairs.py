@@ -38,9 +38,10 @@ class PreferenceSection(TrainingSection):
 
 # --- preference data ------------------------------------------------------------------------------------------------
 
-def on_disk(spec: dict[str, Any]) -> bool:
-    """A local file; anything else is a hub dataset, which describe() must not download."""
-    return Path(spec["path"]).is_file()
+def on_disk(spec: Any) -> bool:
+    """A local file (a DataSpec, or its dict); anything else is a hub dataset, which describe() must not
+    download."""
+    return Path(spec["path"] if isinstance(spec, dict) else spec.path).is_file()
 
 
 def check_pair(row: dict[str, Any], number: int, where: str, path: str) -> None:
@@ -80,26 +81,26 @@ def suggest_pair_mapping(present: set[str], where: str, path: str) -> None:
 
 def preference_rows(ctx: StageContext, key: str = "data") -> list[dict[str, Any]]:
     """Rows with chosen / rejected (and prompt when the dataset has one), checked row by row."""
-    spec = ctx.stage[key]
+    spec = getattr(ctx.section, key)
     rows = read_rows(spec, f"{ctx.where}: {key}")
     if not all(c in rows[0] for c in PAIR_COLUMNS):
-        suggest_pair_mapping(set(rows[0]), f"{ctx.where}: {key}", spec["path"])
-    require_columns(rows, [PAIR_COLUMNS], f"{ctx.where}: {key}", spec["path"])
+        suggest_pair_mapping(set(rows[0]), f"{ctx.where}: {key}", spec.path)
+    require_columns(rows, [PAIR_COLUMNS], f"{ctx.where}: {key}", spec.path)
     columns = (["prompt"] if "prompt" in rows[0] else []) + PAIR_COLUMNS
     for number, row in enumerate(rows, start=1):
         if any(c not in row for c in columns):
             missing = [c for c in columns if c not in row]
-            raise KitError(f"{ctx.where}: row {number} of '{spec['path']}' has no '{missing[0]}' (the first row has "
+            raise KitError(f"{ctx.where}: row {number} of '{spec.path}' has no '{missing[0]}' (the first row has "
                            f"{', '.join(columns)})")
-        check_pair(row, number, ctx.where, spec["path"])
+        check_pair(row, number, ctx.where, spec.path)
     return [{c: row[c] for c in [*columns, "tools"] if c in row} for row in rows]  # tools: the schemas TRL renders
 
 
 def eval_fraction(ctx: StageContext) -> float:
-    fraction = ctx.stage.get("eval_fraction", DEFAULT_EVAL_FRACTION)
-    if "eval_data" in ctx.stage and "eval_fraction" in ctx.stage:
+    fraction = ctx.section.eval_fraction if ctx.section.eval_fraction is not None else DEFAULT_EVAL_FRACTION
+    if ctx.section.eval_data is not None and "eval_fraction" in ctx.section.model_fields_set:
         raise KitError(f"{ctx.where}: give eval_data or eval_fraction, not both")
-    if "eval_data" in ctx.stage:
+    if ctx.section.eval_data is not None:
         return 0.0
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
         raise KitError(f"{ctx.where}: eval_fraction must be a number in [0, 1), e.g. 0.1; got {fraction!r}")
@@ -107,13 +108,13 @@ def eval_fraction(ctx: StageContext) -> float:
 
 
 def has_eval(ctx: StageContext) -> bool:
-    return "eval_data" in ctx.stage or eval_fraction(ctx) > 0
+    return ctx.section.eval_data is not None or eval_fraction(ctx) > 0
 
 
 def train_eval_rows(ctx: StageContext) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The training rows and the eval rows: `eval_data`, or a seeded random `eval_fraction` of `data`."""
     rows = preference_rows(ctx)
-    if "eval_data" in ctx.stage:
+    if ctx.section.eval_data is not None:
         return rows, preference_rows(ctx, "eval_data")
     fraction = eval_fraction(ctx)
     if fraction == 0:
@@ -138,10 +139,10 @@ def final_evaluation(trainer, metrics_path: Path) -> dict[str, Any]:
 
 def describe_data(ctx: StageContext) -> dict[str, Any]:
     """What dry-run shows about the data, without downloading a hub dataset."""
-    out: dict[str, Any] = {"data": ctx.stage["data"]["path"]}
-    if not on_disk(ctx.stage["data"]) or ("eval_data" in ctx.stage and not on_disk(ctx.stage["eval_data"])):
+    out: dict[str, Any] = {"data": ctx.section.data.path}
+    if not on_disk(ctx.section.data) or (ctx.section.eval_data is not None and not on_disk(ctx.section.eval_data)):
         out["rows"] = "hub dataset, read when the stage runs"
-        out["eval"] = (ctx.stage["eval_data"]["path"] if "eval_data" in ctx.stage
+        out["eval"] = (ctx.section.eval_data.path if ctx.section.eval_data is not None
                        else f"{eval_fraction(ctx):g} of the rows held out")
         return out
     train_rows, eval_rows = train_eval_rows(ctx)
@@ -149,6 +150,6 @@ def describe_data(ctx: StageContext) -> dict[str, Any]:
         ("" if "prompt" in train_rows[0] else ", implicit prompt")
     out["rows"] = len(train_rows)
     out["eval_rows"] = len(eval_rows)
-    out["eval"] = (ctx.stage["eval_data"]["path"] if "eval_data" in ctx.stage
+    out["eval"] = (ctx.section.eval_data.path if ctx.section.eval_data is not None
                    else f"{eval_fraction(ctx):g} of the rows held out (seed {ctx.seed})")
     return out

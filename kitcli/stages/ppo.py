@@ -30,8 +30,9 @@ from kitcli.errors import KitError
 from kitcli.models.backend import cuda_available, resolve_model_path, save_model
 from kitcli.ppo.checkpoint import CHECKPOINT_FILES
 from kitcli.ppo.config import PPOConfig, ppo_defaults
-from kitcli.recipe.schema import DataSpec, RewardedSection, StageSpec
+from kitcli.recipe.schema import DataSpec, RewardedSection
 from kitcli.recipe.stage_context import StageContext
+from kitcli.recipe.stage_spec import StageSpec
 from kitcli.training import interrupt
 from kitcli.training.checkpoints import resume_checkpoint
 from kitcli.training.progress import read_metrics
@@ -43,7 +44,7 @@ def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, A
 
 
 def make_config(ctx: StageContext) -> PPOConfig:
-    config = build_config(PPOConfig, stage_defaults=ppo_defaults(), train=ctx.stage.get("train", {}),
+    config = build_config(PPOConfig, stage_defaults=ppo_defaults(), train=ctx.section.train,
                           where=ctx.where, output_dir=ctx.dir.checkpoints, seed=ctx.seed, on_gpu=cuda_available())
     limit = ctx.model["max_seq_length"]
     if config.response_length >= limit:
@@ -58,12 +59,12 @@ def reward_source(ctx: StageContext):
     directory."""
     from kitcli.ppo.models import RewardSource
 
-    spec = ctx.stage.get("reward_model")
+    spec = ctx.section.reward_model
     if spec is None:
         return None
-    if spec.get("stage"):
-        return RewardSource(weight=float(spec["weight"]), stage=spec["stage"], stage_dir=ctx.outputs[spec["stage"]])
-    return RewardSource(weight=float(spec["weight"]), path=Path(spec["path"]))
+    if spec.stage:
+        return RewardSource(weight=float(spec.weight), stage=spec.stage, stage_dir=ctx.outputs[spec.stage])
+    return RewardSource(weight=float(spec.weight), path=Path(spec.path))
 
 
 def load_reward_functions(ctx: StageContext):
@@ -73,14 +74,14 @@ def load_reward_functions(ctx: StageContext):
 
 
 def load_rows(ctx: StageContext, key: str = "data") -> list[dict[str, Any]]:
-    spec = ctx.stage[key]
+    spec = getattr(ctx.section, key)
     rows = read_rows(spec, f"{ctx.where}: {key}")
-    require_columns(rows, [["prompt"]], f"{ctx.where}: {key}", spec["path"])
+    require_columns(rows, [["prompt"]], f"{ctx.where}: {key}", spec.path)
     for index, row in enumerate(rows):
         if row.get("prompt") in (None, "", []):
-            raise KitError(f"{ctx.where}: row {index} of '{spec['path']}' has an empty prompt; every row needs a "
+            raise KitError(f"{ctx.where}: row {index} of '{spec.path}' has an empty prompt; every row needs a "
                            f"prompt (a string or a list of messages)")
-    system = ctx.stage.get("system_prompt")  # the same rule as every stage's (kitcli/data/rows.py)
+    system = ctx.section.system_prompt  # the same rule as every stage's (kitcli/data/rows.py)
     return [{**row, "prompt": with_system_prompt(row["prompt"], system)} for row in rows]
 
 
@@ -88,8 +89,8 @@ def check_rows(ctx: StageContext, rewards, rows: list[dict[str, Any]], config: P
     from kitcli.ppo.rollout import check_reward_columns
     from rewards.registry import check_data
 
-    check_reward_columns(rewards, rows, ctx.where, ctx.stage[key]["path"])
-    check_data(rewards, rows, ctx.where, f"'{ctx.stage[key]['path']}'")
+    check_reward_columns(rewards, rows, ctx.where, getattr(ctx.section, key).path)
+    check_data(rewards, rows, ctx.where, f"'{getattr(ctx.section, key).path}'")
     if key == "data" and len(rows) < config.per_device_train_batch_size:
         raise KitError(f"{ctx.where}: data has {len(rows)} prompts, fewer than train.per_device_train_batch_size "
                        f"{config.per_device_train_batch_size}; lower it or give more prompts")
@@ -99,7 +100,7 @@ def load_models(ctx: StageContext):
     from kitcli.ppo.models import setup_models
 
     return setup_models(ctx.model, ctx.recipe.data["lora"], seed=ctx.seed, init_dir=ctx.init_dir,
-                        init_name=ctx.stage.get("init"), reward=reward_source(ctx), where=ctx.where, log=ctx.log)
+                        init_name=ctx.section.init, reward=reward_source(ctx), where=ctx.where, log=ctx.log)
 
 
 def train(ctx: StageContext, config: PPOConfig, models, rows, reward_fns, rewards, eval_rows=None,
@@ -120,13 +121,13 @@ def describe(ctx: StageContext) -> dict[str, Any]:
     prepare_backend(choose_backend(ctx.model["backend"]))
     rewards = load_reward_functions(ctx)
     config = make_config(ctx)
-    local = Path(ctx.stage["data"]["path"]).is_file()
+    local = Path(ctx.section.data.path).is_file()
     rows: Any = "hub dataset, read when the stage runs"
     if local:
         loaded_rows = load_rows(ctx)
         check_rows(ctx, rewards, loaded_rows, config)
         rows = len(loaded_rows)
-    if "eval_data" in ctx.stage and Path(ctx.stage["eval_data"]["path"]).is_file():
+    if ctx.section.eval_data is not None and Path(ctx.section.eval_data.path).is_file():
         check_rows(ctx, rewards, load_rows(ctx, "eval_data"), config, "eval_data")
     source = reward_source(ctx)
     if source is not None and source.path is not None and local:
@@ -157,7 +158,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     rows = load_rows(ctx)
     rewards = load_reward_functions(ctx)
     check_rows(ctx, rewards, rows, config)
-    eval_rows = load_rows(ctx, "eval_data") if "eval_data" in ctx.stage else None
+    eval_rows = load_rows(ctx, "eval_data") if ctx.section.eval_data is not None else None
     if eval_rows:
         check_rows(ctx, rewards, eval_rows, config, "eval_data")
     resume = resume_checkpoint(ctx, ctx.dir.metrics, dataclasses.asdict(config))
@@ -189,9 +190,12 @@ class PPOSection(RewardedSection):
 
 
 SPEC = StageSpec(
-    type="ppo", module=__name__, section=PPOSection,
+    type="ppo", order=90, module=__name__, section=PPOSection,
     summary="RLHF with PPO, written in kit: per-token KL to the frozen reference, a critic with GAE",
-    output="policy", init_from=("policy",), rl=True,
+    output="policy", init_from=("policy",), rl=True, config="kitcli.ppo.config:PPOConfig", rows_shape="prompts",
+    reference="always",
+    resume_restores="the policy and critic adapters, the value head, the optimizer, the scheduler, the KL "
+                    "coefficient and the RNG states (the data position follows from the step)",
     metrics=(("objective/scores", "score"), ("rewards/*/mean", "*"), ("objective/kl", "kl"),
              ("objective/non_score_reward", "non_score"), ("loss/policy", "pg_loss"), ("loss/value", "vf_loss"),
              ("policy/entropy", "entropy"), ("policy/clipfrac", "clipfrac"), ("policy/approxkl", "approxkl"),

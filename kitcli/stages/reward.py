@@ -27,8 +27,8 @@ from kitcli.data.rows import to_dataset
 from kitcli.errors import KitError
 from kitcli.models.backend import cuda_available, resolve_model_path, save_model
 from kitcli.models.reward_models import load_reward_model, save_merged_reward_model
-from kitcli.recipe.schema import StageSpec
 from kitcli.recipe.stage_context import StageContext
+from kitcli.recipe.stage_spec import StageSpec
 from kitcli.stages.pairs import PreferenceSection, describe_data, final_evaluation, has_eval, train_eval_rows
 from kitcli.training.checkpoints import record_effective_settings, resume_checkpoint, train
 from kitcli.training.progress import attach_progress, read_metrics
@@ -63,7 +63,7 @@ def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, A
 def make_config(ctx: StageContext):
     from kitcli.training.trainers import config_class
 
-    return build_config(config_class("reward"), stage_defaults=stage_defaults(ctx), train=ctx.stage.get("train", {}),
+    return build_config(config_class("reward"), stage_defaults=stage_defaults(ctx), train=ctx.section.train,
                         where=ctx.where, output_dir=ctx.dir.checkpoints, seed=ctx.seed,
                         on_gpu=cuda_available())
 
@@ -147,9 +147,10 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 
 SPEC = StageSpec(
-    type="reward", module=__name__, section=RewardSection,
+    type="reward", order=20, module=__name__, section=RewardSection,
     summary="TRL RewardTrainer: Bradley-Terry loss on chosen/rejected pairs; saves adapter/ and merged/",
-    output="scorer", init_from=("policy", "scorer"), trainer="reward",
+    output="scorer", init_from=("policy", "scorer"), trainer="trl.trainer.reward_trainer:RewardTrainer",
+    config="trl.trainer.reward_config:RewardConfig", rows_shape="pairs",
     metrics=(("loss", "loss"), ("accuracy", "accuracy"), ("margin", "margin"), ("learning_rate", "lr")),
     panels=(("loss", "loss", ("loss", "eval_loss")),
             ("pair accuracy (r_chosen > r_rejected)", "accuracy", ("accuracy", "eval_accuracy")),

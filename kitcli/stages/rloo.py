@@ -54,8 +54,9 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 from kitcli.recipe.filter_spec import FilteredSection
-from kitcli.recipe.schema import RESERVED_TRAIN, StageSpec
+from kitcli.recipe.schema import RESERVED_TRAIN
 from kitcli.recipe.stage_context import StageContext
+from kitcli.recipe.stage_spec import StageSpec
 from kitcli.stages import grpo
 
 
@@ -80,10 +81,10 @@ RLOO_PRESET: dict[str, Any] = {
 
 
 def reference(ctx: StageContext) -> str:
-    beta = ctx.stage.get("train", {}).get("beta", RLOO_PRESET["beta"])
+    beta = ctx.section.train.get("beta", RLOO_PRESET["beta"])
     if beta == 0:
         return "none (beta 0: no KL penalty, no reference computed)"
-    return f"frozen copy of the starting policy ({ctx.stage.get('init') or 'base model'}), KL penalty beta {beta:g}"
+    return f"frozen copy of the starting policy ({ctx.section.init or 'base model'}), KL penalty beta {beta:g}"
 
 
 def describe(ctx: StageContext) -> dict[str, Any]:
@@ -95,9 +96,12 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 
 SPEC = StageSpec(
-    type="rloo", module=__name__, section=RLOOSection,
+    type="rloo", order=80, module=__name__, section=RLOOSection,
     summary="TRL RLOOTrainer: REINFORCE with a leave-one-out baseline, KL to the starting policy in the reward",
-    output="policy", init_from=("policy",), trainer="rloo", metrics=grpo.RL_METRICS, panels=grpo.RL_PANELS, rl=True,
+    output="policy", init_from=("policy",), trainer="trl.trainer.rloo_trainer:RLOOTrainer",
+    config="trl.trainer.rloo_config:RLOOConfig", metrics=grpo.RL_METRICS, panels=grpo.RL_PANELS, rl=True,
+    rows_shape="prompts", groups=True, reference="beta",
+    refused_keys={"tools": "TRL 1.15's RLOOTrainer takes no tools"},
     launcher="data parallel (TRL RLOOTrainer): each process generates its share of the completions",
     memory_settings=grpo.RL_MEMORY, rows=grpo.load_rows,
     defaults=lambda ctx, on_gpu=None: grpo.stage_defaults(ctx, RLOO_PRESET, on_gpu, kind="rloo"))

@@ -13,8 +13,9 @@ from pydantic import Field
 from kitcli.data.rows import apply_system_prompt, read_rows, require_columns, to_dataset
 from kitcli.errors import KitError
 from kitcli.models.backend import cuda_available, load_stage_policy, save_model
-from kitcli.recipe.schema import StageSpec, TrainingSection
+from kitcli.recipe.schema import TrainingSection
 from kitcli.recipe.stage_context import StageContext
+from kitcli.recipe.stage_spec import StageSpec
 from kitcli.training.checkpoints import record_effective_settings, resume_checkpoint, train
 from kitcli.training.progress import attach_progress, read_metrics
 from kitcli.training.trainers import build_trainer, trainer_summary
@@ -47,18 +48,18 @@ def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, A
 def make_config(ctx: StageContext):
     from kitcli.training.trainers import config_class
 
-    return build_config(config_class("sft"), stage_defaults=stage_defaults(ctx), train=ctx.stage.get("train", {}),
+    return build_config(config_class("sft"), stage_defaults=stage_defaults(ctx), train=ctx.section.train,
                         where=ctx.where, output_dir=ctx.dir.checkpoints, seed=ctx.seed,
                         on_gpu=cuda_available())
 
 
 def load_rows(ctx: StageContext) -> list[dict[str, Any]]:
-    spec = ctx.stage["data"]
+    spec = ctx.section.data
     rows = read_rows(spec, ctx.where)
-    columns = require_columns(rows, COLUMN_OPTIONS, ctx.where, spec["path"])
+    columns = require_columns(rows, COLUMN_OPTIONS, ctx.where, spec.path)
     kept = [*columns, "tools"]  # tools: the function schemas of TRL's tool-calling format, rendered by the template
-    return apply_system_prompt([{c: row[c] for c in kept if c in row} for row in rows], ctx.stage.get("system_prompt"),
-                               ctx.where, spec["path"])
+    return apply_system_prompt([{c: row[c] for c in kept if c in row} for row in rows], ctx.section.system_prompt,
+                               ctx.where, spec.path)
 
 
 def check_assistant_only_loss(ctx: StageContext, rows: list[dict[str, Any]]) -> None:
@@ -73,7 +74,7 @@ def check_assistant_only_loss(ctx: StageContext, rows: list[dict[str, Any]]) -> 
 
     if not is_conversational(rows[0]):
         raise KitError(f"{ctx.where}: train.assistant_only_loss needs conversational rows (messages, or prompt and "
-                       f"completion as lists of turns) and '{ctx.stage['data']['path']}' has plain text; set data: "
+                       f"completion as lists of turns) and '{ctx.section.data.path}' has plain text; set data: "
                        f"{{chat: true}} or assistant_only_loss: false")
     tokenizer = preflight_tokenizer(ctx.model["name"])
     template = getattr(tokenizer, "chat_template", None)
@@ -124,8 +125,10 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 
 SPEC = StageSpec(
-    type="sft", module=__name__, section=SFTSection, summary="TRL SFTTrainer on prompt/completion, messages or text",
-    output="policy", init_from=("policy",), trainer="sft",
+    type="sft", order=10, module=__name__, section=SFTSection,
+    summary="TRL SFTTrainer on prompt/completion, messages or text",
+    output="policy", init_from=("policy",), trainer="trl.trainer.sft_trainer:SFTTrainer",
+    config="trl.trainer.sft_config:SFTConfig", rows_shape="text",
     metrics=(("loss", "loss"), ("mean_token_accuracy", "token_acc"), ("learning_rate", "lr")),
     panels=(("loss", "loss", ("loss", "eval_loss")),
             ("token accuracy", "accuracy", ("mean_token_accuracy", "eval_mean_token_accuracy"))),

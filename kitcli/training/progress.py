@@ -22,11 +22,8 @@ from kitcli.rundir import StageDir
 
 def stage_type_of(trainer) -> str | None:
     """The stage type a trainer serves, from its class (TRL's or Unsloth's generated one)."""
-    from kitcli.training.trainers import TRAINERS
-
     names = {cls.__name__.removeprefix("Unsloth") for cls in type(trainer).__mro__}
-    return next((t for t, spec in stage_types.specs().items()
-                 if spec.trainer is not None and TRAINERS[spec.trainer][1] in names), None)
+    return next((t for t, spec in stage_types.specs().items() if spec.trainer_name in names), None)
 
 
 def samples_from_trainer(trainer, count: int = SAMPLES_SHOWN) -> list[dict[str, Any]]:

@@ -1,4 +1,7 @@
-"""Which TRL trainer classes train a stage, and building one the same way for every stage.
+"""Which trainer classes train a stage, and building one the same way for every stage.
+
+A stage type's StageSpec names its trainer and config classes ("module:Class": `trl.trainer.*`, `trl.experimental.*`
+or a plugin's); this module finds the class this process trains with.
 
 Two families of trainers exist for one TRL version. On a GPU, `import unsloth` replaces TRL's `GRPOTrainer`,
 `DPOTrainer`, `RewardTrainer`, `RLOOTrainer`, `KTOTrainer` (and their configs) with classes it generates from TRL's
@@ -24,16 +27,37 @@ from kitcli.training.trl_config import canonical, same_value
 
 FAMILY_ENV = "KIT_TRAINERS"
 FAMILIES = ("auto", "trl", "unsloth")
-# stage kind -> (TRL module, trainer class, config class)
-TRAINERS = {
-    "sft": ("sft_trainer", "SFTTrainer", "SFTConfig"),
-    "reward": ("reward_trainer", "RewardTrainer", "RewardConfig"),
-    "dpo": ("dpo_trainer", "DPOTrainer", "DPOConfig"),
-    "grpo": ("grpo_trainer", "GRPOTrainer", "GRPOConfig"),
-    "rloo": ("rloo_trainer", "RLOOTrainer", "RLOOConfig"),
-    "kto": ("kto_trainer", "KTOTrainer", "KTOConfig"),
-}
-_stock: dict[str, type] = {}  # TRL's own classes, captured before Unsloth's patch replaces the module attributes
+STOCK_MARKER = "trl.trainer.grpo_trainer:GRPOTrainer"  # TRL's own GRPOTrainer captured: TRL's family is available
+_stock: dict[str, type] = {}  # "module:Class" -> TRL's own class, captured before Unsloth's patch replaces it
+
+
+def class_paths() -> list[str]:
+    """Every trainer and config class ("module:Class") the stage types name."""
+    from kitcli.recipe import stage_types
+
+    paths = [p for spec in stage_types.specs().values() for p in (spec.trainer, spec.config) if p]
+    return list(dict.fromkeys(p for p in paths if not p.startswith("kitcli.")))
+
+
+def import_module(module: str):
+    """Import a trainer's module; TRL's experimental ones without their one-time warning."""
+    import importlib
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return importlib.import_module(module)
+
+
+def binding(stage_type: str) -> tuple[str, str]:
+    """(trainer, config) "module:Class" paths of a stage type that trains with a trainer class."""
+    from kitcli.recipe import stage_types
+
+    spec = stage_types.spec(stage_type)
+    if spec.trainer is None or spec.config is None:
+        raise KitError(f"stage type '{stage_type}' names no trainer and config classes in its StageSpec "
+                       f"(trainer=, config=); it trains with its own loop")
+    return spec.trainer, spec.config
 
 
 def is_unsloth_class(cls: type) -> bool:
@@ -49,15 +73,13 @@ def requested_family() -> str:
 
 def capture_stock() -> None:
     """Remember TRL's own classes while they are still TRL's (on a CPU, before any forced patch)."""
-    import importlib
+    from kitcli.recipe.stage_spec import split_path
 
-    for module_name, trainer_name, config_name in TRAINERS.values():
-        module = importlib.import_module(f"trl.trainer.{module_name}")
-        config_module = importlib.import_module(f"trl.trainer.{module_name.replace('_trainer', '_config')}")
-        for name, owner in ((trainer_name, module), (config_name, config_module)):
-            cls = getattr(owner, name)
-            if name not in _stock and not is_unsloth_class(cls):
-                _stock[name] = cls
+    for path in class_paths():
+        module, name = split_path(path)
+        cls = getattr(import_module(module), name)
+        if path not in _stock and not is_unsloth_class(cls):
+            _stock[path] = cls
 
 
 def unsloth_patched() -> bool:
@@ -79,8 +101,22 @@ def use_unsloth_trainers() -> None:
     from unsloth.models import rl  # importing unsloth.models runs PatchFastRL: every TRL trainer but SFT on a CPU
 
     if not unsloth_patched():  # UNSLOTH_ALLOW_CPU=1 makes PatchFastRL a no-op; patch the trainers one by one
-        for module_name, _, _ in TRAINERS.values():
-            rl._patch_trl_rl_trainers(module_name)
+        patch_one_by_one(rl)
+
+
+def patch_one_by_one(rl) -> None:
+    """Unsloth's PatchFastRL for the trainers the stage types name, in its order: TRL's experimental modules are
+    imported first (so one subclassing SFTTrainer keeps TRL's base), then `trl.trainer.*` and `trl.experimental.*`
+    are patched; a plugin's own trainer is left as it is."""
+    from kitcli.recipe.stage_spec import split_path
+
+    modules = list(dict.fromkeys(split_path(p)[0] for p in class_paths() if p.endswith("Trainer")))
+    experimental = {m.split(".")[2]: import_module(m) for m in modules if m.startswith("trl.experimental.")}
+    for module in modules:
+        if module.startswith("trl.trainer."):
+            rl._patch_trl_rl_trainers(module.rsplit(".", 1)[1])
+    for name, module in experimental.items():
+        rl._patch_trl_experimental_trainer(name, module)
 
 
 def family() -> str:
@@ -92,32 +128,36 @@ def family() -> str:
     if requested == "trl" or not unsloth_patched():
         if not _stock:
             capture_stock()
-        if requested == "trl" and "GRPOTrainer" not in _stock:
+        if requested == "trl" and STOCK_MARKER not in _stock:
             raise KitError(f"{FAMILY_ENV}=trl: TRL's own trainers are not available in this process (Unsloth "
                            f"replaced them when it was imported, as it does on a GPU); unset {FAMILY_ENV}")
-        return "trl" if "GRPOTrainer" in _stock else "unsloth"
+        return "trl" if STOCK_MARKER in _stock else "unsloth"
     return "unsloth"
 
 
-def lookup(name: str) -> type:
-    """The class named `name` (e.g. GRPOTrainer, DPOConfig) of the family this process trains with. A trainer
-    Unsloth does not rewrite here (SFT on a CPU) is the one TRL's module holds."""
-    import importlib
+def lookup(path: str) -> type:
+    """The class at `path` ("module:Class", e.g. trl.trainer.dpo_config:DPOConfig) of the family this process
+    trains with. A trainer Unsloth does not rewrite here (SFT on a CPU, a plugin's) is the one its module holds."""
+    from kitcli.recipe.stage_spec import split_path
 
-    module_name = next(m for m, t, c in TRAINERS.values() if name in (t, c))
     chosen = family()
-    if chosen == "trl" and name in _stock:
-        return _stock[name]
-    module = f"trl.trainer.{module_name if name.endswith('Trainer') else module_name.replace('_trainer', '_config')}"
-    return getattr(importlib.import_module(module), name)
+    if chosen == "trl" and path in _stock:
+        return _stock[path]
+    module, name = split_path(path)
+    return getattr(import_module(module), name)
 
 
-def trainer_class(kind: str) -> type:
-    return lookup(TRAINERS[kind][1])
+def trainer_class(stage_type: str) -> type:
+    return lookup(binding(stage_type)[0])
 
 
-def config_class(kind: str) -> type:
-    return lookup(TRAINERS[kind][2])
+def config_class(stage_type: str) -> type:
+    return lookup(binding(stage_type)[1])
+
+
+def is_grpo_trainer(stage_type: str) -> bool:
+    """Whether the stage trains with (TRL's or Unsloth's) GRPOTrainer, which gets kitcli/training/unsloth_grpo.py."""
+    return binding(stage_type)[0].endswith(":GRPOTrainer")
 
 
 def describe_class(cls: type) -> str:
@@ -145,18 +185,19 @@ def restore_dtype(model, start: dict[str, Any]) -> None:
             parameter.data = start[name].clone()
 
 
-def build_trainer(kind: str, loaded, *, args, reference: bool = False, log=print, label: str = "",
+def build_trainer(stage_type: str, loaded, *, args, reference: bool = False, log=print, label: str = "",
                   where: str = "", unsloth: dict[str, Any] | None = None, **kwargs):
     """Construct the stage's trainer around `loaded.model` (a backend.LoadedModel) with config `args`. With
     `reference`, the trainer's KL reference must be the starting policy (checked; see ensure_reference). A GRPO
-    kind trainer gets kitcli/training/unsloth_grpo.py's corrections and record (`unsloth`: the stage's `unsloth:`
+    trainer gets kitcli/training/unsloth_grpo.py's corrections and record (`unsloth`: the stage's `unsloth:`
     mapping). Returns (trainer, how the reference was made or None)."""
     from kitcli.training import unsloth_grpo
 
-    cls = trainer_class(kind)
+    cls = trainer_class(stage_type)
+    grpo = is_grpo_trainer(stage_type)
     model = loaded.model
-    pad_change = unsloth_grpo.repair_pad_token(loaded, where or label or kind, log, label or kind) \
-        if kind == "grpo" and is_unsloth_class(cls) else None
+    pad_change = unsloth_grpo.repair_pad_token(loaded, where or label or stage_type, log, label or stage_type) \
+        if grpo and is_unsloth_class(cls) else None
     if not args.bf16 and not args.fp16:
         # Unsloth's trainers turn a config with no mixed precision into fp16 autocast unless the model says the
         # caller asked for float32 (its `_unsloth_user_float32`): stay in float32 as the config says.
@@ -170,15 +211,15 @@ def build_trainer(kind: str, loaded, *, args, reference: bool = False, log=print
         trainer = cls(model=model, args=args, **kwargs)
     if loaded.dtype == "float32":
         restore_dtype(trainer.model, start)
-    log(f"{label or kind}: trainer {describe_class(cls)}")
-    where = where or label or kind
+    log(f"{label or stage_type}: trainer {describe_class(cls)}")
+    where = where or label or stage_type
     trainer.kit_rewrites = check_trainer_rewrites(trainer, before, getattr(args, "kit_explicit", set()), where, log)
-    if kind == "grpo":
+    if grpo:
         trainer.kit_pad_change = pad_change
-        unsloth_grpo.attach(trainer, unsloth, where, log, label or kind)
+        unsloth_grpo.attach(trainer, unsloth, where, log, label or stage_type)
     described = ensure_reference(trainer, start, where) if reference else None
     if described:
-        log(f"{label or kind}: reference = {described}")
+        log(f"{label or stage_type}: reference = {described}")
     return trainer, described
 
 

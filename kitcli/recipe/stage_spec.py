@@ -1,0 +1,67 @@
+"""What a stage type is: the `StageSpec` its module declares, read by every other module.
+
+A stage type's module (`kitcli/stages/<type>.py`, or a plugin's, docs/extending.md) holds everything the kit knows
+about it: its recipe section, the trainer and config classes it builds (wherever they live: `trl.trainer`,
+`trl.experimental`, a plugin package), how its rows reach the model, whether it trains against a reference, what a
+resume restores. `kit check`, `kit plan`, the runner and the displays ask these fields; none of them keeps a table
+of stage types or compares a type's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+RESUMED = "every adapter's weights, the optimizer, the scheduler, the RNG states and the data position"
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What a stage type is, declared once in its module and read by every other module."""
+
+    type: str
+    module: str  # the module with describe(ctx) -> dict and run(ctx) -> summary
+    section: type  # its recipe keys, their types and ranges (a kitcli.recipe.schema.StageSection)
+    summary: str  # one line: what it runs
+    output: Literal["policy", "scorer", "none"]  # what a later stage's init: / reward_model: can use
+    init_from: tuple[str, ...] = ("policy",)  # the outputs it may start from
+    # The classes it trains with, "module:Class": TRL's (Unsloth's generated ones replace them where Unsloth patches
+    # that module), an experimental one or a plugin's. None: its own loop (PPO), or no training (eval).
+    trainer: str | None = None
+    config: str | None = None
+    # How its rows reach the model, which decides what `kit check` measures: "prompts" (it generates the rest:
+    # prompt + room for new tokens), "text" (supervised targets: whole rows, and the stop token after a reply),
+    # "pairs" (prompt + chosen / rejected / completion). None: kit check has no length check for it, and says so.
+    rows_shape: Literal["prompts", "text", "pairs"] | None = None
+    groups: bool = False  # samples a group of completions per prompt (num_generations): batch and signal checks
+    reference: Literal["always", "beta", "never"] = "never"  # a frozen reference: always, when train.beta > 0, never
+    as_trained: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None  # file rows -> trainer rows
+    refused_keys: dict[str, str] = field(default_factory=dict)  # why it has no such key (e.g. "tools": ...)
+    resume_restores: str = RESUMED  # what a resume restores, for DONE and the report
+    metrics: tuple[tuple[str, str], ...] = ()  # (logged key, dashboard label); `*` matches part of a key
+    panels: tuple[tuple[str, str, tuple[str, ...]], ...] = ()  # report figures: (title, y label, keys)
+    rl: bool = False  # samples completions while training (dashboard samples, RL alarms)
+    evaluates: bool = False  # scores a model (its DONE holds the scores the before/after table shows)
+    launcher: str | None = None  # how it runs under `kit run --launcher`; None: it does not
+    launcher_refusal: str = ""  # why not
+    memory_settings: tuple[str, ...] = ()  # train: fields that decide its memory (named on out-of-memory)
+    defaults: Callable[..., dict[str, Any]] | None = None  # its config defaults: (StageContext, on_gpu=None) -> dict
+    rows: Callable[[Any], list[dict[str, Any]]] | None = None  # its prompts as it reads them (RL stages)
+    checkpoint_files: tuple[str, ...] = ()  # what its own checkpoints hold (trainer stages: transformers' set)
+    order: int = 200  # where it is listed (help, messages, schemas): the kit's own in pipeline order, plugins after
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def trainer_name(self) -> str | None:
+        return self.trainer.rsplit(":", 1)[1] if self.trainer else None
+
+    @property
+    def config_name(self) -> str | None:
+        return self.config.rsplit(":", 1)[1] if self.config else None
+
+
+def split_path(path: str) -> tuple[str, str]:
+    """'package.module:Class' -> ('package.module', 'Class')."""
+    module, _, name = path.partition(":")
+    return module, name
