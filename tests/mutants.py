@@ -113,6 +113,19 @@ MUTANTS = [
            "            made.set_epoch = lambda epoch: made.generator.manual_seed(data_seed + epoch)\n",
            "            made.generator = None\n",
            ("tests/test_resume.py::test_a_length_grouped_sft_stage_resumes_exactly_in_a_later_pass",)),
+    Mutant("held-out-eval-reseeds-training", "a held-out evaluation inside a training stage leaves torch's RNG as "
+           "generate() seeded it",
+           "kitcli/training/held_out.py",
+           "        torch.set_rng_state(states[2])\n",
+           "",
+           ("tests/test_held_out.py::test_grpo_with_eval_trains_bit_identically_and_resumes_without_repeating_an_"
+            "evaluation",)),
+    Mutant("held-out-eval-repeated-on-resume", "a resumed stage evaluates its held-out rows again at its first step",
+           "kitcli/training/held_out.py",
+           "            if state.global_step == 0:",
+           "            if True:",
+           ("tests/test_held_out.py::test_grpo_with_eval_trains_bit_identically_and_resumes_without_repeating_an_"
+            "evaluation",)),
     Mutant("resume-trains-past-max-steps", "a stage resumed from its checkpoint at max_steps trains again "
            "(transformers' resume: one step and one checkpoint past max_steps)",
            "kitcli/training/checkpoints.py",

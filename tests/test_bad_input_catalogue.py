@@ -263,6 +263,22 @@ CASES = [
     Case("eval-unknown-generation-key", lambda t: ["run", recipe(t, stages=[
         {"name": "ev", "type": "eval", "data": str(DATA / "arithmetic_eval.jsonl"), "generation": {"max_tokens": 4}}])],
          "unknown generation key 'max_tokens'"),
+    # --- `eval:` on a training stage (held-out evaluation while it trains, kitcli/training/held_out.py) -----------
+    Case("held-out-every-zero", lambda t: ["run", with_stage(t, eval={"data": str(DATA / "arithmetic_eval.jsonl"),
+                                                                      "every": 0})],
+         "stage 'sft': eval.every must be a positive integer, got 0"),
+    Case("held-out-no-answer", lambda t: ["run", with_stage(t, eval={"data": str(DATA / "arithmetic_prefs.jsonl"),
+                                                                      "every": 5})],
+         "stage 'sft': eval: data", ["has no 'answer' column", "list rewards: under eval:"]),
+    Case("held-out-unknown-reward", lambda t: ["run", with_stage(t, eval={
+        "data": str(DATA / "arithmetic_eval.jsonl"), "every": 5, "rewards": ["exact_mtch"]})],
+         "stage 'sft': eval: rewards[0]: unknown reward 'exact_mtch'", ["Did you mean 'exact_match'?"]),
+    Case("held-out-data-missing", lambda t: ["run", with_stage(t, eval={"data": "held_out.jsonl", "every": 5})],
+         "stage 'sft': eval.data: dataset file 'held_out.jsonl' does not exist"),
+    Case("held-out-on-a-reward-stage", lambda t: ["run", recipe(t, stages=[
+        {"name": "rm", "type": "reward", "data": str(DATA / "arithmetic_prefs.jsonl"),
+         "eval": {"data": str(DATA / "arithmetic_eval.jsonl"), "every": 5}}])],
+         "stage 'rm': eval: held-out evaluation generates with a policy"),
     Case("kto-label-not-bool", lambda t: ["run", recipe(t, stages=[{"name": "k", "type": "kto", "data": data_file(
         t, '{"prompt": "a", "completion": "b", "label": true}\n'
            '{"prompt": "c", "completion": "d", "label": "yes"}\n')}])],

@@ -4,6 +4,7 @@
     kit export runs/tiny-sft-20261202-101500/sft --to merged -o exported/tiny-sft
     kit export runs/tiny-sft-20261202-101500 --to gguf                  (q8_0; loads again as `model: <file>.gguf`)
     kit export runs/qwen3-4b-grpo-20261202-101500 --to gguf --quant q4_k_m
+    kit export runs/tiny-grpo-20261202-101500 --stage grpo --step best --to lora   (the best held-out step)
 
 Every exported directory holds a model card (README.md: the recipe, its stages and the evaluation table) and the
 stage's tokenizer with its chat template (in the GGUF file itself for `gguf`). It is written under a temporary name
@@ -268,13 +269,72 @@ def model_card(policy: PolicyStage, to: str, details: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# --- a checkpoint instead of the final weights (--step) ----------------------------------------------------------
+
+CHECKPOINT_STATE = ("optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", "training_args.bin")
+
+
+def chosen_step(policy: PolicyStage, step: str) -> int:
+    """`--step best`: the stage's best held-out step (its DONE, from `eval:`); else the number given."""
+    done = policy.dir.done() or {}
+    if step != "best":
+        if not step.isdigit():
+            raise KitError(f"--step must be 'best' or a step number, got {step!r}")
+        return int(step)
+    if done.get("eval_best_step") is None:
+        raise KitError(f"stage '{policy.name}' has no held-out evaluation to pick a best step from; add eval: "
+                       f"{{data: ..., every: N}} to the stage (docs/stages.md), or give --step N")
+    return int(done["eval_best_step"])
+
+
+def at_step(policy: PolicyStage, step: str, folder: Path) -> tuple[PolicyStage, str]:
+    """The stage as it stood at a step: its final weights at its last step, else its checkpoint's, put in `folder`
+    as a stage directory (the checkpoint's adapter or model beside the stage's tokenizer). Returns it and a label."""
+    import dataclasses
+
+    done = policy.dir.done() or {}
+    number = chosen_step(policy, step)
+    label = f"step {number}" + (f", best held-out {done.get('eval_metric', 'score')} {done.get('eval_best')}"
+                                if step == "best" else "")
+    if number == done.get("steps"):
+        return policy, label
+    if number == 0:
+        raise KitError(f"step 0 of stage '{policy.name}' is the model it started from (held-out figures at step 0 "
+                       f"are the starting point's); export {policy.stage.get('init') or 'nothing: it is the base'}")
+    checkpoint = policy.dir.checkpoints / f"checkpoint-{number}"
+    if not (checkpoint / "trainer_state.json").is_file():
+        kept = sorted(p.name for p in policy.dir.checkpoints.glob("checkpoint-*")) or ["none"]
+        raise KitError(f"stage '{policy.name}' kept no checkpoint of step {number} (kept: {', '.join(kept)}); a "
+                       f"checkpoint is saved every train.save_steps: make it divide eval.every to keep every "
+                       f"evaluated step's, or give --step with a kept one")
+    target = folder / policy.name / policy.dir.saved_model().name
+    shutil.copytree(policy.dir.saved_model(), target)
+    for item in checkpoint.iterdir():
+        if item.is_file() and item.name not in CHECKPOINT_STATE:
+            shutil.copy2(item, target / item.name)
+    return dataclasses.replace(policy, stage_dir=folder / policy.name), f"{label}, {checkpoint.name}"
+
+
 # --- the command -----------------------------------------------------------------------------------------------
 
-def run_export(path: str, *, to: str, quant: str | None, output: str | None, force: bool, dtype: str) -> Path:
+def run_export(path: str, *, to: str, quant: str | None, output: str | None, force: bool, dtype: str,
+               stage: str | None = None, step: str | None = None) -> Path:
     if quant is not None and to != "gguf":
         raise KitError(f"--quant applies to --to gguf only (got --to {to})")
     quant = quant or "q8_0"
-    policy = resolve_policy_stage(path, "export")
+    policy = resolve_policy_stage(Path(path) / stage if stage else path, "export")
+    if step is not None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="kit-export-") as folder:
+            stepped, label = at_step(policy, step, Path(folder))
+            output = output or f"{default_output(policy, to, quant)}-{'best' if step == 'best' else f'step{step}'}"
+            return export_policy(stepped, to=to, quant=quant, output=output, force=force, dtype=dtype, label=label)
+    return export_policy(policy, to=to, quant=quant, output=output, force=force, dtype=dtype)
+
+
+def export_policy(policy: PolicyStage, *, to: str, quant: str, output: str | None, force: bool, dtype: str,
+                  label: str | None = None) -> Path:
     out = Path(output) if output else default_output(policy, to, quant)
     check_output(out, force)
     check_exportable(policy, to)
@@ -297,6 +357,8 @@ def run_export(path: str, *, to: str, quant: str | None, output: str | None, for
             details = export_gguf(policy, staging, quant, needs_llama_cpp, log)
         if to != "gguf":  # a GGUF file holds its tokenizer
             stage_tokenizer(policy).save_pretrained(str(staging))
+        if label:
+            details["format"] += f" at {label}"
         (staging / "README.md").write_text(model_card(policy, to, details), encoding="utf-8")
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -318,6 +380,10 @@ def run_export(path: str, *, to: str, quant: str | None, output: str | None, for
 @click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16", show_default=True,
               help="Weights of a merged export.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
-def export_command(run_dir: str, to: str, quant: str | None, output: str | None, dtype: str, force: bool) -> None:
+@click.option("--stage", default=None, help="The stage to export (as RUN_DIR/STAGE).")
+@click.option("--step", default=None, help="A checkpoint's step instead of the final weights, or 'best': the best "
+                                           "held-out step of the stage's eval:.")
+def export_command(run_dir: str, to: str, quant: str | None, output: str | None, dtype: str, force: bool,
+                   stage: str | None, step: str | None) -> None:
     """Export a trained stage as a LoRA adapter, a merged model or GGUF, with tokenizer and model card."""
-    run_export(run_dir, to=to, quant=quant, output=output, force=force, dtype=dtype)
+    run_export(run_dir, to=to, quant=quant, output=output, force=force, dtype=dtype, stage=stage, step=step)

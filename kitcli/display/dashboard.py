@@ -251,6 +251,19 @@ class StageDashboard:
                     f.write(json.dumps(json_safe({"step": step, **sample}), ensure_ascii=False, default=str) + "\n")
         self.show(step, logs, alarms, evaluating)
 
+    def held_out(self, step: int, figures: dict[str, Any], line: str) -> None:
+        """A held-out evaluation inside the stage (kitcli/training/held_out.py): its `eval/...` figures appended to
+        metrics.jsonl at its step, and one line above the live panel, in the plain log, or a JSON event."""
+        row = {"step": step, "time": round(time.time(), 3), **figures}
+        with open(self.metrics_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+        if self.mode == "json":
+            self.json_stream.write(json.dumps(json_safe({"event": "held_out", "stage": self.name, "step": step,
+                                                         "metrics": figures}), default=str) + "\n")
+            self.json_stream.flush()
+        elif self.mode != "quiet":
+            self.plain(f"[{self.name}] {line}")
+
     def show(self, step: int, logs: dict[str, Any], alarms, evaluating: bool) -> None:
         if self.mode == "json":
             self.json_stream.write(json.dumps(json_safe({

@@ -226,6 +226,9 @@ def stage_panels(stage_type: str, rows: list[dict[str, Any]]) -> list[tuple[str,
         keys = [k for p in patterns for k in matching_keys(p, rows) if series(rows, k)[1]]
         if keys:
             panels.append((title, ylabel, keys))
+    held_out = [k for k in matching_keys("eval/*", rows) if k != "eval/seconds" and series(rows, k)[1]]
+    if held_out and panels:  # `eval:` (kitcli/training/held_out.py): beside the first training curve
+        panels.insert(1, ("held-out evaluation against step", "score", held_out))
     if panels or (spec is not None and spec.panels):
         return panels
     numeric = []
@@ -340,6 +343,7 @@ def write_report(run_dir: Path) -> Path:
         if (record.done or {}).get("warnings"):
             lines += [f"- **warning**: {warning}" for warning in record.done["warnings"]] + [""]
         lines += trainer_notes(record.done or {})  # GRPO / GSPO: the kl metric, the pad token, Unsloth's speed paths
+        lines += held_out_note(record.done or {})
         if stage_types.specs().get(record.type) is not None and stage_types.spec(record.type).evaluates:
             lines += eval_section(record)
             continue
@@ -378,6 +382,18 @@ def write_report(run_dir: Path) -> Path:
     path = RunDir(run.run_dir).report
     path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
     return path
+
+
+def held_out_note(done: dict[str, Any]) -> list[str]:
+    """A training stage's `eval:` in a line: its curve's first, best (step, checkpoint) and last, and its cost."""
+    if done.get("eval_best_step") is None:
+        return []
+    kept = f", {done['eval_best_checkpoint']}" if done.get("eval_best_checkpoint") else ", no checkpoint kept"
+    cost = (f"; {format_seconds(done['eval_seconds_each'])} s per evaluation, {done['eval_share']:.0%} of the "
+            f"stage" if done.get("eval_seconds_each") is not None else "")
+    return [f"Held-out {str(done['eval_metric']).replace('_', ' ')} (eval:): {format_score(done['eval_first'])} at "
+            f"step {done['eval_steps'][0]} -> {format_score(done['eval_last'])} at step {done['eval_steps'][-1]}; best "
+            f"{format_score(done['eval_best'])} at step {done['eval_best_step']}{kept}{cost}.", ""]
 
 
 def conversation_section(samples: list[dict[str, Any]]) -> list[str]:

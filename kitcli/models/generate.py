@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -23,8 +24,9 @@ def prompt_text(tokenizer, prompt: Any) -> str:
 
 
 def generate(model, tokenizer, prompts: list[Any], *, max_new_tokens: int, batch_size: int = 32,
-             temperature: float = 0.0, seed: int = 0) -> list[str]:
-    """Completions for `prompts` (greedy when temperature is 0), decoded without special tokens."""
+             temperature: float = 0.0, seed: int = 0, on_batch: Callable[[int], None] | None = None) -> list[str]:
+    """Completions for `prompts` (greedy when temperature is 0), decoded without special tokens; `on_batch` is told
+    how many prompts each finished batch held (a progress bar)."""
     import torch
 
     texts = [prompt_text(tokenizer, p) for p in prompts]
@@ -44,6 +46,8 @@ def generate(model, tokenizer, prompts: list[Any], *, max_new_tokens: int, batch
                                         **sampling)
             new_tokens = output[:, batch["input_ids"].shape[1]:]
             completions += tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+            if on_batch is not None:
+                on_batch(len(new_tokens))
     finally:
         tokenizer.padding_side = padding_side
         model.train(was_training)

@@ -49,12 +49,14 @@ def register_checkpoint_state(accelerator, models, kl_ctl) -> None:
     accelerator.register_for_checkpointing(kl_ctl)
 
 
-def save_checkpoint(accelerator, checkpoint_dir: Path, step: int, keep: int, max_steps: int) -> Path:
+def save_checkpoint(accelerator, checkpoint_dir: Path, step: int, keep: int, max_steps: int,
+                    best_step: int | None = None) -> Path:
     """checkpoint_dir/checkpoint-N, then checkpoints older than the newest `keep` removed. accelerate's own rotation
     (ProjectConfiguration total_limit) does not fit: it names folders checkpoint_<number of saves> and deletes the
     old ones before the new one is whole. trainer_state.json records the step and the stage's max_steps, as
     transformers' does (kitcli/training/checkpoints.py's finished_steps reads a checkpoint at max_steps as a stage
-    that had finished training)."""
+    that had finished training). The checkpoint of `best_step` (the best held-out evaluation) is kept beside them,
+    as transformers keeps its best_model_checkpoint."""
     final = checkpoint_dir / f"checkpoint-{step}"
     staging = checkpoint_dir / f"checkpoint-{step}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
@@ -65,7 +67,8 @@ def save_checkpoint(accelerator, checkpoint_dir: Path, step: int, keep: int, max
     kept = sorted((p for p in checkpoint_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),
                   key=lambda p: int(p.name.split("-")[-1]))
     for old in kept[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        if old.name != f"checkpoint-{best_step}":
+            shutil.rmtree(old, ignore_errors=True)
     return final
 
 

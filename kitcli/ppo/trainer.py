@@ -34,6 +34,7 @@ from kitcli.ppo.losses import (
 from kitcli.ppo.models import CRITIC, POLICY, PPOModels, policy_logprobs, response_values, use_adapter
 from kitcli.ppo.rollout import Rollout, evaluate_held_out, make_rollout, rollout_samples
 from kitcli.training import interrupt
+from kitcli.training.held_out import HeldOut
 from kitcli.training.progress import read_metrics
 
 
@@ -170,11 +171,13 @@ def mean_rows(rows: list[dict[str, float]]) -> dict[str, float]:
 
 def train(config: PPOConfig, models: PPOModels, rows: list[dict[str, Any]], reward_fns, rewards, *,
           dashboard: StageDashboard, checkpoint_dir: Path, eval_rows: list[dict[str, Any]] | None = None,
-          resume: Path | None = None) -> dict[str, Any]:
+          resume: Path | None = None, held_out: HeldOut | None = None) -> dict[str, Any]:
     """The PPO loop from `resume` (a checkpoint, if any) to the last step, or until a stop is requested (then a
     checkpoint is saved); logs through `dashboard` and returns figures for the summary. A checkpoint at the last
     step (saved only when a stop came during it) trains nothing: the held-out evaluation after training and the
-    figures follow, as in an uninterrupted run, but for seconds_per_step (None: no step ran in this process)."""
+    figures follow, as in an uninterrupted run, but for seconds_per_step (None: no step ran in this process).
+    `held_out` (a stage's `eval:`, kitcli/training/held_out.py) scores the policy at step 0, every `every` steps and
+    the last, with the semantics of the TRL stages' callback; the checkpoint of its best step is kept in rotation."""
     from accelerate.utils import set_seed
 
     steps = total_steps(config, len(rows))
@@ -193,6 +196,10 @@ def train(config: PPOConfig, models: PPOModels, rows: list[dict[str, Any]], rewa
             if resume is None and eval_rows:
                 before = evaluate_held_out(models, eval_rows, reward_fns, rewards, config)
                 dashboard.log(0, before)
+            if held_out is not None:
+                held_out.dashboard = dashboard
+                if resume is None:
+                    held_out.evaluate(models.model, models.tokenizer, 0)
             while step < steps:
                 started = time.time()
                 batch = batch_rows(rows, step, config)
@@ -204,6 +211,8 @@ def train(config: PPOConfig, models: PPOModels, rows: list[dict[str, Any]], rewa
                 row["seconds_per_step"] = seconds[-1]
                 pending.append(row)
                 dashboard.advance(step)
+                if held_out is not None and held_out.due(step, steps):
+                    held_out.evaluate(models.model, models.tokenizer, step)
                 if step % config.logging_steps == 0 or step == steps:
                     logged = {**mean_rows(pending), "episode": step * config.per_device_train_batch_size}
                     dashboard.log(step, logged, samples=rollout_samples(batch, rollout))
@@ -211,7 +220,9 @@ def train(config: PPOConfig, models: PPOModels, rows: list[dict[str, Any]], rewa
                 if interrupt.requested() or (step % config.save_steps == 0 and step < steps):
                     interrupt.check_free_disk(checkpoint_dir, interrupt.checkpoint_bytes(models.model),
                                               f"checkpoint-{step}")
-                    save_checkpoint(accelerator, checkpoint_dir, step, config.save_total_limit, steps)
+                    best = held_out.best() if held_out is not None else None
+                    save_checkpoint(accelerator, checkpoint_dir, step, config.save_total_limit, steps,
+                                    best_step=best["step"] if best else None)
                     if interrupt.requested():
                         break
             if eval_rows and not interrupt.requested():

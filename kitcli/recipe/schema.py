@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pydantic_core import PydanticCustomError
 
 from kitcli.errors import KitError, did_you_mean
+from kitcli.recipe.held_out_spec import HeldOutSpec
 from kitcli.recipe.stage_spec import StageSpec
 
 DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -237,6 +238,8 @@ class TrainingSection(StageSection):
 
     data: DataSpec = Field(description="The training data.")
     train: dict[str, Any] = Field(default_factory=dict, description="Fields of the stage's trainer config.")
+    eval: HeldOutSpec[DataSpec, GenerationSpec, RewardSpec] | None = Field(None, description="Held-out evaluation "
+                                                                           "while it trains (docs/stages.md).")
     reserved: ClassVar[dict[str, str]] = RESERVED_TRAIN
 
     @field_validator("train", mode="before")

@@ -21,12 +21,23 @@ def reward_findings(ctx: StageContext, rows: list[dict[str, Any]] | None) -> tup
 
     if has_tools(ctx):
         stage_tools(ctx)  # the stage's tools and environment resolve too (a KitError names the one that does not)
+    found = held_out_findings(ctx)
     written = ctx.stage.get("rewards")
     if not written:
-        return [], []
+        return found, []
     rewards = load_rewards(written, ctx.recipe.base_dir, f"{ctx.where}: rewards", run_dir=ctx.run_dir)
     if rows:  # every column the stage reads (after its `columns:` mapping), not only those the checks measure
         spec = ctx.stage["data"]
         check_columns(rewards, read_rows({**spec, "limit": 1}, ctx.where)[0], ctx.where, f"'{spec['path']}'")
-    return [Finding(ctx.name, "rewards", "ok", ", ".join(r.name for r in rewards),
-                    "resolved: " + "; ".join(f"{r.name} from {r.source}" for r in rewards))], rewards
+    return found + [Finding(ctx.name, "rewards", "ok", ", ".join(r.name for r in rewards),
+                            "resolved: " + "; ".join(f"{r.name} from {r.source}" for r in rewards))], rewards
+
+
+def held_out_findings(ctx: StageContext) -> list[Finding]:
+    """A training stage's `eval:` resolved as the stage will resolve it: its rows read, its rewards imported and
+    their columns checked (a KitError, exit 2, names the key), and one line of what it will score."""
+    if not ctx.stage.get("eval"):
+        return []
+    from kitcli.training.held_out import describe_held_out
+
+    return [Finding(ctx.name, "held-out eval", "ok", describe_held_out(ctx)["eval"], "resolved")]

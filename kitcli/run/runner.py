@@ -63,6 +63,12 @@ def dataset_fingerprints(recipe: Recipe) -> dict[str, str]:
         for key in ("data", "eval_data"):
             if key in stage:
                 prints[f"{stage['name']}.{key}"] = fingerprint(stage[key])
+        held_out = stage.get("eval")  # a training stage's held-out rows (`eval:`), as written: resolved here
+        if isinstance(held_out, dict) and held_out.get("data") is not None:
+            from kitcli.recipe.schema import DataSpec
+
+            data = DataSpec.model_validate(held_out["data"], context={"base_dir": recipe.base_dir})
+            prints[f"{stage['name']}.eval.data"] = fingerprint(data.model_dump())
     return prints
 
 

@@ -38,6 +38,7 @@ from kitcli.recipe.stage_spec import StageSpec
 from kitcli.stages.pairs import PreferenceSection, describe_data, final_evaluation, has_eval, train_eval_rows
 from kitcli.training import trainers
 from kitcli.training.checkpoints import record_effective_settings, resume_checkpoint, train
+from kitcli.training.held_out import attach_held_out, describe_held_out
 from kitcli.training.progress import attach_progress, read_metrics
 from kitcli.training.trl_config import build_config, config_dict, config_summary
 
@@ -103,7 +104,7 @@ def describe(ctx: StageContext) -> dict[str, Any]:
     return {"init": ctx.section.init or "base model",
             "reference": f"frozen copy of the starting policy ({ctx.section.init or 'base model'})",
             **describe_data(ctx),
-            **config_summary(config, stage_defaults(ctx), ctx.stage.get("train", {}))}
+            **config_summary(config, stage_defaults(ctx), ctx.section.train), **describe_held_out(ctx)}
 
 
 def build_trainer(ctx: StageContext, config=None):
@@ -127,6 +128,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     trainer, loaded, reference = build_trainer(ctx, config)
     record_effective_settings(ctx, trainer)
     attach_progress(trainer, ctx.name, metrics_path, ctx.console)
+    held_out = attach_held_out(ctx, trainer)
     train(trainer, resume, ctx.where)
     evaluated = final_evaluation(trainer, metrics_path) if trainer.eval_dataset is not None else {}
     if is_peft_model(loaded.model) and trainers.REFERENCE_ADAPTER in loaded.model.peft_config:
@@ -153,7 +155,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         summary["headline"] = (f"reward accuracy {first['rewards/accuracies']:.2f} -> "
                                f"{last['rewards/accuracies']:.2f}, "
                                f"margin {first['rewards/margins']:.2f} -> {last['rewards/margins']:.2f}")
-    return summary
+    return held_out.summarize(summary)
 
 
 SPEC = StageSpec(

@@ -35,21 +35,27 @@ With `n` samples per prompt, exact match is the mean over all samples and pass@k
 from __future__ import annotations
 
 import json
-import math
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from kitcli.data.rows import apply_system_prompt, read_rows, require_columns
-from kitcli.errors import KitError, did_you_mean
+from kitcli.data.rows import apply_system_prompt, read_rows
+from kitcli.errors import KitError
 from kitcli.models.backend import load_stage_policy
-from kitcli.models.generate import exact_match, generate
 from kitcli.recipe.schema import DataSpec, GenerationSpec, RewardSpec, StageSection, base_dir_of, fail
 from kitcli.recipe.stage_context import StageContext
 from kitcli.recipe.stage_spec import StageSpec
 from kitcli.recipe.tool_spec import ToolSpec
-
-GENERATION_DEFAULTS = {name: field.default for name, field in GenerationSpec.model_fields.items()}
+from kitcli.training.scoring import (  # noqa: F401  (kit eval and the tests import the scoring from here too)
+    GENERATION_DEFAULTS,
+    check_eval_rows,
+    check_generation,
+    evaluate_rows,
+    ks_for,
+    load_eval_rewards,
+    pass_at_k,
+    write_samples,
+)
 
 
 class EvalSection(StageSection):
@@ -139,48 +145,8 @@ def include_dirs(paths: list[str], base_dir, error=fail) -> tuple[str, ...]:
     return tuple(found)
 
 
-def check_generation(raw: Any, where: str) -> dict[str, Any]:
-    settings = raw or {}
-    if not isinstance(settings, dict):
-        raise KitError(f"{where}: generation must be a mapping, e.g. {{max_new_tokens: 16, temperature: 0.0}}")
-    unknown = set(settings) - set(GENERATION_DEFAULTS)
-    if unknown:
-        key = sorted(unknown)[0]
-        raise KitError(f"{where}: unknown generation key '{key}'{did_you_mean(key, GENERATION_DEFAULTS)} "
-                       f"(allowed: {', '.join(GENERATION_DEFAULTS)})")
-    settings = {**GENERATION_DEFAULTS, **settings}
-    for key in ("max_new_tokens", "batch_size", "n"):
-        value = settings[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise KitError(f"{where}: generation.{key} must be a positive integer, got {value!r}")
-    temperature = settings["temperature"]
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
-        raise KitError(f"{where}: generation.temperature must be a number >= 0 (0 is greedy), got {temperature!r}")
-    if settings["n"] > 1 and temperature == 0:
-        raise KitError(f"{where}: generation.n is {settings['n']} but temperature is 0, so every sample would be "
-                       f"the same greedy completion; set generation.temperature (e.g. 0.8) or n: 1")
-    return settings
-
-
 def generation_settings(ctx: StageContext) -> dict[str, Any]:
     return check_generation(ctx.stage.get("generation"), ctx.where)
-
-
-def load_eval_rewards(specs: Any, base_dir, where: str, run_dir=None):
-    from rewards.registry import load_rewards
-
-    return load_rewards(specs or [], base_dir, f"{where}: rewards", run_dir=run_dir)
-
-
-def check_eval_rows(rows: list[dict[str, Any]], rewards, where: str, path: str) -> None:
-    from rewards.registry import check_data
-
-    require_columns(rows, [["prompt"]], where, path)
-    if "answer" not in rows[0] and not rewards:
-        raise KitError(f"{where}: nothing to score: '{path}' has no 'answer' column and the stage lists no "
-                       f"rewards; add an answer column (map yours with columns: {{your_column: answer}}) or "
-                       f"rewards: [...]")
-    check_data(rewards, rows, where, f"'{path}'")
 
 
 def load_rows(ctx: StageContext, rewards) -> list[dict[str, Any]]:
@@ -188,101 +154,6 @@ def load_rows(ctx: StageContext, rewards) -> list[dict[str, Any]]:
     rows = read_rows(spec, ctx.where)
     check_eval_rows(rows, rewards, ctx.where, spec.path)
     return apply_system_prompt(rows, ctx.section.system_prompt, ctx.where, spec.path)
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k for one prompt with c of n samples correct (Chen et al., 2021)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def ks_for(n: int) -> list[int]:
-    return sorted({1, n} | {2 ** i for i in range(1, n.bit_length()) if 2 ** i <= n})
-
-
-def score_rewards(rewards, prompts, completions, completion_ids, rows) -> dict[str, list[float | None]]:
-    """Each reward's scores for the samples, called as GRPOTrainer calls it (through the kit's guard)."""
-    from rewards.guard import RewardStats, guard_rewards
-
-    columns = {key: [row.get(key) for row in rows] for key in rows[0] if key not in ("prompt", "completion")}
-    scores = {}
-    for reward, fn in zip(rewards, guard_rewards(rewards, RewardStats())):
-        scores[reward.name] = fn(prompts, completions, completion_ids=completion_ids, trainer_state=None, **columns)
-    return scores
-
-
-def mean(values: list[float | None]) -> float | None:
-    kept = [v for v in values if v is not None and math.isfinite(v)]
-    return sum(kept) / len(kept) if kept else None
-
-
-def evaluate_rows(model, tokenizer, rows: list[dict[str, Any]], settings: dict[str, Any], rewards, *, seed: int,
-                  log, where: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Generate `n` completions per row and score them. Returns (summary, one scored record per sample)."""
-    n = settings["n"]
-    samples = [row for row in rows for _ in range(n)]
-    prompts = [row["prompt"] for row in samples]
-    texts = generate(model, tokenizer, prompts, max_new_tokens=settings["max_new_tokens"],
-                     batch_size=settings["batch_size"], temperature=settings["temperature"], seed=seed)
-    conversational = isinstance(prompts[0], list)
-    completions = [[{"role": "assistant", "content": t}] for t in texts] if conversational else list(texts)
-    completion_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    try:
-        scores = score_rewards(rewards, prompts, completions, completion_ids, samples) if rewards else {}
-    except KitError as error:
-        raise KitError(f"{where}: {error.message}") from None
-    weights = {r.name: r.weight for r in rewards}
-    has_answer = "answer" in rows[0]
-    records = []
-    for index, (row, text) in enumerate(zip(samples, texts)):
-        record = {"prompt": row["prompt"], "completion": text, "sample": index % n}
-        if has_answer:
-            record["answer"] = row["answer"]
-            record["correct"] = exact_match(text, row["answer"])
-        if scores:
-            record["rewards"] = {name: values[index] for name, values in scores.items()}
-            given = [weights[name] * v for name, v in record["rewards"].items() if v is not None]
-            record["reward"] = sum(given) if given else None
-        records.append(record)
-
-    summary: dict[str, Any] = {"n": len(rows), "samples_per_prompt": n, "temperature": settings["temperature"]}
-    parts = []
-    if has_answer:
-        correct = sum(r["correct"] for r in records)
-        summary.update({"exact_match": correct / len(records), "correct": correct})
-        parts.append(f"exact match {summary['exact_match']:.3f} ({correct}/{len(records)})")
-        if n > 1:
-            per_prompt = [sum(r["correct"] for r in records[i:i + n]) for i in range(0, len(records), n)]
-            for k in ks_for(n):
-                summary[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in per_prompt) / len(per_prompt)
-            parts.append(f"pass@{n} {summary[f'pass@{n}']:.3f}")
-    if scores:
-        summary["reward"] = mean([r["reward"] for r in records])
-        for name, values in scores.items():
-            summary[f"rewards/{name}"] = mean(values)
-            summary[f"rewards/{name}/scored"] = sum(v is not None for v in values)
-        parts.append(f"reward {format_score(summary['reward'])}")
-        if len(scores) > 1:
-            parts.append(", ".join(f"{name} {format_score(summary[f'rewards/{name}'])}" for name in scores))
-    summary["headline"] = "; ".join(parts)
-    for record in records[: settings["show"] * n: n]:
-        question = record["prompt"][-1]["content"] if isinstance(record["prompt"], list) else record["prompt"]
-        mark = ("ok " if record["correct"] else "bad") if has_answer else f"{format_score(record.get('reward'))}"
-        expected = f" (answer {record['answer']!r})" if has_answer else ""
-        log(f"  [{mark}] {question!r} -> {record['completion'].strip()!r}{expected}")
-    return summary, records
-
-
-def format_score(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
-
-
-def write_samples(path, records: list[dict[str, Any]]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
-
 
 def benchmark_settings(ctx: StageContext):
     from kitcli.models.benchmarks import BenchmarkSettings, task_names
@@ -343,7 +214,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     loaded = load_stage_policy(ctx.model, lora=None, seed=ctx.seed, init_from=ctx.init_dir, trainable=False,
                                log=ctx.log, label="evaluated model")
     summary, records = evaluate_rows(loaded.model, loaded.tokenizer, rows, settings, rewards, seed=ctx.seed,
-                                     log=ctx.log, where=ctx.where)
+                                     log=ctx.log, where=ctx.where, console=ctx.console)
     if ctx.section.tools:  # the same rows again, greedy, with the tools (kitcli/training/tool_use.py)
         from kitcli.training.tool_use import evaluate_with_tools
 

@@ -67,6 +67,7 @@ from kitcli.recipe.unsloth_spec import UnslothSpec, unsloth_field
 from kitcli.training import unsloth_grpo
 from kitcli.training.checkpoints import record_effective_settings, resume_checkpoint, train
 from kitcli.training.filtering import filter_prompts, filter_summary
+from kitcli.training.held_out import attach_held_out, describe_held_out
 from kitcli.training.progress import attach_progress, make_reward_metrics_callback, read_metrics, reward_summary
 from kitcli.training.tool_use import ToolsSection, describe_tools, tool_defaults, tool_kwargs
 from kitcli.training.trainers import trainer_summary
@@ -341,7 +342,8 @@ def describe_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, A
         source = f"of stage '{stage}'" if stage else ctx.section.reward_model.path
         listed.append(f"reward model {source} (weight {reward_model_weight(ctx):g})")
     return {"init": ctx.section.init or "base model", **extra, "data": spec.path, "rows": rows,
-            "rewards": listed, **describe_tools(ctx), **config_summary(config, defaults, ctx.section.train)}
+            "rewards": listed, **describe_tools(ctx), **config_summary(config, defaults, ctx.section.train),
+            **describe_held_out(ctx)}
 
 
 def describe(ctx: StageContext) -> dict[str, Any]:
@@ -399,6 +401,7 @@ def train_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any]
     trainer, loaded, config = build_trainer(ctx, preset, config, kind)
     record_effective_settings(ctx, trainer)
     attach_progress(trainer, ctx.name, metrics_path, ctx.console)
+    held_out = attach_held_out(ctx, trainer)
     try:
         train(trainer, resume, ctx.where, stop_every=generation_cycle(vars(config)))
     except KitError as error:  # a reward failed: say which stage, keep the checkpoints
@@ -407,9 +410,9 @@ def train_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any]
     if "ref" in getattr(model, "peft_config", {}):
         model.delete_adapter("ref")  # TRL's frozen copy of the starting adapter; not part of the result
     save_model(model, loaded.tokenizer, ctx.stage_dir)
-    return {**extra, **trainer_summary(trainer), **filter_summary(ctx), "steps": trainer.state.global_step,
-            "resumed_from": resume.name if resume else None, "backend": loaded.backend,
-            **reward_summary(read_metrics(metrics_path))}
+    return held_out.summarize({**extra, **trainer_summary(trainer), **filter_summary(ctx),
+                               "steps": trainer.state.global_step, "resumed_from": resume.name if resume else None,
+                               "backend": loaded.backend, **reward_summary(read_metrics(metrics_path))})
 
 
 def run(ctx: StageContext) -> dict[str, Any]:

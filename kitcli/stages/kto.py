@@ -64,6 +64,7 @@ from kitcli.stages.dpo import several_passes
 from kitcli.stages.pairs import PreferenceSection, check_pair, eval_fraction, final_evaluation, has_eval, on_disk
 from kitcli.training import trainers
 from kitcli.training.checkpoints import record_effective_settings, resume_checkpoint, train
+from kitcli.training.held_out import attach_held_out, describe_held_out
 from kitcli.training.progress import attach_progress, read_metrics
 from kitcli.training.trl_config import build_config, config_dict, config_summary
 
@@ -303,7 +304,7 @@ def describe(ctx: StageContext) -> dict[str, Any]:
     return {"init": ctx.section.init or "base model",
             "reference": f"frozen copy of the starting policy ({ctx.section.init or 'base model'})",
             **describe_data(ctx, config),
-            **config_summary(config, stage_defaults(ctx), ctx.section.train)}
+            **config_summary(config, stage_defaults(ctx), ctx.section.train), **describe_held_out(ctx)}
 
 
 def build_trainer(ctx: StageContext, config=None):
@@ -338,6 +339,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     trainer, loaded, reference = build_trainer(ctx, config)
     record_effective_settings(ctx, trainer)
     attach_progress(trainer, ctx.name, metrics_path, ctx.console)
+    held_out = attach_held_out(ctx, trainer)
     train(trainer, resume, ctx.where)
     evaluated = final_evaluation(trainer, metrics_path) if trainer.eval_dataset is not None else {}
     if is_peft_model(loaded.model) and trainers.REFERENCE_ADAPTER in loaded.model.peft_config:
@@ -365,7 +367,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
                                f"{last.get('loss', 0):.3f}")
     elif rows:
         summary["headline"] = f"loss {first['loss']:.3f} -> {last['loss']:.3f}, kl {last['kl']:.3f}"
-    return summary
+    return held_out.summarize(summary)
 
 
 SPEC = StageSpec(

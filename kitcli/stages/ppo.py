@@ -22,7 +22,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from kitcli.data.rows import read_rows, require_columns, with_system_prompt
 from kitcli.display.dashboard import StageDashboard
@@ -30,11 +30,12 @@ from kitcli.errors import KitError
 from kitcli.models.backend import cuda_available, resolve_model_path, save_model
 from kitcli.ppo.checkpoint import CHECKPOINT_FILES
 from kitcli.ppo.config import PPOConfig, ppo_defaults
-from kitcli.recipe.schema import DataSpec, RewardedSection
+from kitcli.recipe.schema import DataSpec, RewardedSection, fail
 from kitcli.recipe.stage_context import StageContext
 from kitcli.recipe.stage_spec import StageSpec
 from kitcli.training import interrupt
 from kitcli.training.checkpoints import resume_checkpoint
+from kitcli.training.held_out import HeldOut, describe_held_out, held_out_evaluator
 from kitcli.training.progress import read_metrics
 from kitcli.training.trl_config import build_config
 
@@ -104,7 +105,7 @@ def load_models(ctx: StageContext):
 
 
 def train(ctx: StageContext, config: PPOConfig, models, rows, reward_fns, rewards, eval_rows=None,
-          resume: Path | None = None) -> dict[str, Any]:
+          resume: Path | None = None, held_out: HeldOut | None = None) -> dict[str, Any]:
     """The library's PPO loop, logging to this stage's dashboard and checkpointing into its folder."""
     from kitcli.ppo import trainer
 
@@ -112,7 +113,7 @@ def train(ctx: StageContext, config: PPOConfig, models, rows, reward_fns, reward
         ctx.dir.metrics.unlink(missing_ok=True)
     dashboard = StageDashboard(ctx.name, ctx.dir.metrics, ctx.console, stage_type="ppo")
     return trainer.train(config, models, rows, reward_fns, rewards, dashboard=dashboard,
-                         checkpoint_dir=ctx.dir.checkpoints, eval_rows=eval_rows, resume=resume)
+                         checkpoint_dir=ctx.dir.checkpoints, eval_rows=eval_rows, resume=resume, held_out=held_out)
 
 
 def describe(ctx: StageContext) -> dict[str, Any]:
@@ -143,9 +144,9 @@ def describe(ctx: StageContext) -> dict[str, Any]:
     listed = [f"{r.name} (weight {r.weight:g}, {r.source})" for r in rewards]
     if source is not None:
         listed.append(f"reward model {source.name} (weight {source.weight:g})")
-    return {"init": ctx.stage.get("init") or "base model", "data": ctx.stage["data"]["path"], "rows": rows,
-            "eval_data": ctx.stage["eval_data"]["path"] if "eval_data" in ctx.stage else None,
-            "rewards": listed, "PPOConfig": dataclasses.asdict(config)}
+    return {"init": ctx.section.init or "base model", "data": ctx.section.data.path, "rows": rows,
+            "eval_data": ctx.section.eval_data.path if ctx.section.eval_data is not None else None,
+            "rewards": listed, "PPOConfig": dataclasses.asdict(config), **describe_held_out(ctx)}
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
@@ -169,8 +170,10 @@ def run(ctx: StageContext) -> dict[str, Any]:
     for key, checked in (("data", rows), ("eval_data", eval_rows)):
         if checked:
             check_prompt_lengths(models.tokenizer, checked, config, ctx.model["max_seq_length"], ctx.where,
-                                 ctx.stage[key]["path"])
-    result = train(ctx, config, models, rows, guard_rewards(rewards, RewardStats()), rewards, eval_rows, resume)
+                                 getattr(ctx.section, key).path)
+    held_out = held_out_evaluator(ctx)  # `eval:`: scored at step 0, every `every` steps and the last
+    result = train(ctx, config, models, rows, guard_rewards(rewards, RewardStats()), rewards, eval_rows, resume,
+                   held_out)
     if interrupt.requested():
         return result  # the runner reports the stop; the checkpoint resumes it
     save_critic(models, ctx.stage_dir)
@@ -178,7 +181,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         if name != POLICY:
             models.model.delete_adapter(name)
     save_model(models.model, models.tokenizer, ctx.stage_dir)
-    return trainer.summarize(result, read_metrics(ctx.dir.metrics), models)
+    return held_out.summarize(trainer.summarize(result, read_metrics(ctx.dir.metrics), models))
 
 
 class PPOSection(RewardedSection):
@@ -187,6 +190,13 @@ class PPOSection(RewardedSection):
     type: Literal["ppo"]
     eval_data: DataSpec | None = Field(None, description="Held-out prompts scored before and after training.")
     config: ClassVar[str] = "PPOConfig"
+
+    @model_validator(mode="after")
+    def one_held_out(self):
+        if self.eval_data is not None and self.eval is not None:
+            raise fail("a PPO stage scores eval_data: before and after training and eval: during it, both as eval/ "
+                       "figures; give one of them")
+        return self
 
 
 SPEC = StageSpec(

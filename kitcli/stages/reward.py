@@ -31,6 +31,7 @@ from kitcli.recipe.stage_context import StageContext
 from kitcli.recipe.stage_spec import StageSpec
 from kitcli.stages.pairs import PreferenceSection, describe_data, final_evaluation, has_eval, train_eval_rows
 from kitcli.training.checkpoints import record_effective_settings, resume_checkpoint, train
+from kitcli.training.held_out import describe_held_out
 from kitcli.training.progress import attach_progress, read_metrics
 from kitcli.training.trainers import trainer_summary
 from kitcli.training.trl_config import build_config, config_dict, config_summary
@@ -73,8 +74,8 @@ def describe(ctx: StageContext) -> dict[str, Any]:
 
     prepare_backend(choose_backend(ctx.model["backend"]))  # unsloth before trl, as the run's policy stages need
     config = make_config(ctx)
-    return {"init": ctx.stage.get("init") or "base model", **describe_data(ctx),
-            **config_summary(config, stage_defaults(ctx), ctx.stage.get("train", {}))}
+    return {"init": ctx.section.init or "base model", **describe_data(ctx),
+            **config_summary(config, stage_defaults(ctx), ctx.section.train), **describe_held_out(ctx)}
 
 
 def reward_base(ctx: StageContext) -> str:

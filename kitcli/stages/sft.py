@@ -17,6 +17,7 @@ from kitcli.recipe.schema import TrainingSection
 from kitcli.recipe.stage_context import StageContext
 from kitcli.recipe.stage_spec import StageSpec
 from kitcli.training.checkpoints import record_effective_settings, resume_checkpoint, train
+from kitcli.training.held_out import attach_held_out, describe_held_out
 from kitcli.training.progress import attach_progress, read_metrics
 from kitcli.training.trainers import build_trainer, trainer_summary
 from kitcli.training.trl_config import build_config, config_dict, config_summary
@@ -97,8 +98,8 @@ def describe(ctx: StageContext) -> dict[str, Any]:
     config = make_config(ctx)
     if config.assistant_only_loss:
         check_assistant_only_loss(ctx, rows)
-    return {"init": ctx.stage.get("init") or "base model", "data": ctx.stage["data"]["path"], "rows": len(rows),
-            **config_summary(config, stage_defaults(ctx), ctx.stage.get("train", {}))}
+    return {"init": ctx.section.init or "base model", "data": ctx.section.data.path, "rows": len(rows),
+            **config_summary(config, stage_defaults(ctx), ctx.section.train), **describe_held_out(ctx)}
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
@@ -112,6 +113,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
                             processing_class=loaded.tokenizer, log=ctx.log, label=ctx.name, where=ctx.where)
     record_effective_settings(ctx, trainer)
     attach_progress(trainer, ctx.name, metrics_path, ctx.console)
+    held_out = attach_held_out(ctx, trainer)
     train(trainer, resume, ctx.where)
     save_model(loaded.model, loaded.tokenizer, ctx.stage_dir)
     losses = [row["loss"] for row in read_metrics(metrics_path) if "loss" in row]
@@ -121,7 +123,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
                "backend": loaded.backend}
     if losses:
         summary["headline"] = f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
-    return summary
+    return held_out.summarize(summary)
 
 
 SPEC = StageSpec(
