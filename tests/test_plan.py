@@ -75,6 +75,8 @@ SAMPLE_STAGES = {
     "sft": [{"data": str(DATA / "arithmetic_sft.jsonl")}],
     "reward": [{"data": str(DATA / "arithmetic_prefs.jsonl")}],
     "dpo": [{"data": str(DATA / "arithmetic_prefs.jsonl")}],
+    "orpo": [{"data": str(DATA / "arithmetic_prefs.jsonl")}],
+    "simpo": [{"data": str(DATA / "arithmetic_prefs.jsonl")}],
     "kto": [{"data": str(DATA / "arithmetic_prefs.jsonl")}],
     "grpo": [PROMPTS, *({**PROMPTS, "variant": v} for v in ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo",
                                                             "vespo")),

@@ -54,6 +54,10 @@ STAGES = {
                "train": {"per_device_train_batch_size": 8, "learning_rate": 1e-3, "eval_steps": 4}},
     "dpo": {"type": "dpo", "data": PREFS, "eval_fraction": 0, "train": {"per_device_train_batch_size": 8,
                                                                          "learning_rate": 1e-3}},
+    "orpo": {"type": "orpo", "data": PREFS, "eval_fraction": 0, "train": {"per_device_train_batch_size": 8,
+                                                                           "learning_rate": 1e-3}},
+    "simpo": {"type": "simpo", "data": PREFS, "eval_fraction": 0, "train": {"per_device_train_batch_size": 8,
+                                                                             "learning_rate": 1e-3}},
     # The stage types that sample: a few prompts, so that a pass over them is short (GRPO / RLOO: 2 prompts of 4
     # completions per generation batch, 2 optimizer steps each, 4 steps a pass; GSPO: its 4 steps per generation
     # batch, 8 a pass; PPO: 4 prompts a step, 2 steps a pass), a KL term in every pass. GRPO, GSPO and RLOO end

@@ -295,6 +295,9 @@ RANGES: dict[Any, Range] = {
     "beta": NOT_NEGATIVE, "delta": POSITIVE, "top_entropy_quantile": Range(0, True, 1),
     "label_smoothing": Range(0, False, 0.5, False), "center_rewards_coefficient": NOT_NEGATIVE,
     ("DPOConfig", "beta"): POSITIVE, ("KTOConfig", "beta"): POSITIVE,
+    # ORPO's lambda weights the odds-ratio term (0 would be SFT alone); SimPO divides simpo_gamma by beta (CPO)
+    ("ORPOConfig", "beta"): POSITIVE, ("CPOConfig", "beta"): POSITIVE, "simpo_gamma": NOT_NEGATIVE,
+    "cpo_alpha": NOT_NEGATIVE,
     # GRPO's soft gates (SAPO's temperatures, VESPO's Gamma weights) and KTO's class weights
     "sapo_temperature_pos": POSITIVE, "sapo_temperature_neg": POSITIVE, "vespo_k_pos": NOT_NEGATIVE,
     "vespo_k_neg": NOT_NEGATIVE, "vespo_lambda_pos": POSITIVE, "vespo_lambda_neg": POSITIVE,
@@ -317,6 +320,7 @@ CHOICES: dict[tuple[str, str], tuple] = {
     ("DPOConfig", "f_divergence_type"): ("reverse_kl", "js_divergence", "alpha_divergence"),
     ("DPOConfig", "truncation_mode"): ("keep_start", "keep_end"),
     ("KTOConfig", "loss_type"): ("kto", "apo_zero_unpaired"),
+    ("CPOConfig", "loss_type"): ("sigmoid", "hinge", "ipo", "simpo", "alphapo"),
     ("KTOConfig", "train_sampling_strategy"): ("sequential", "random", "group_by_length"),
     ("RLOOConfig", "vllm_mode"): ("server", "colocate"),
     ("PPOConfig", "lr_scheduler_type"): ("linear", "cosine", "constant", "constant_with_warmup"),
