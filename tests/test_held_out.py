@@ -227,3 +227,13 @@ def test_a_ppo_stage_takes_eval_data_or_eval_not_both(tmp_path):
     stage = {**test_resume.STAGES["ppo"], "name": "x", "eval": HELD_OUT}
     result = run_cli("run", write_recipe(tmp_path / "r.yaml", [stage]), "--dry-run", expect=2)
     assert "a PPO stage scores eval_data: before and after training and eval: during it" in result.output
+
+
+def test_kit_check_warns_when_the_best_step_could_have_no_checkpoint(tmp_path):
+    stage = {**SFT, "eval": {"data": str(DATA / "arithmetic_eval.jsonl"), "every": 2}}
+    stage["train"] = {**SFT["train"], "save_steps": 3}
+    result = run_cli("check", write_recipe(tmp_path / "r.yaml", [stage]))
+    flat = " ".join(result.output.replace("│", " ").split())
+    assert "eval.every 2, train.save_steps 3" in flat and "set train.save_steps to 2" in flat, result.output
+    stage["train"]["save_steps"] = 1
+    assert "best checkpoint" not in run_cli("check", write_recipe(tmp_path / "r.yaml", [stage])).output

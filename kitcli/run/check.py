@@ -28,7 +28,7 @@ from kitcli.recipe import stage_types
 from kitcli.recipe.load import Recipe
 from kitcli.recipe.stage_context import StageContext
 from kitcli.run.findings import Finding, cut_finding
-from kitcli.run.reward_check import reward_findings
+from kitcli.run.reward_check import best_checkpoint_findings, reward_findings
 from kitcli.run.speed_check import speed_findings
 from kitcli.run.tool_check import row_schemas, tool_length_findings
 from kitcli.training.tool_use import stage_schemas
@@ -404,7 +404,7 @@ def check_recipe(recipe: Recipe, run_dir: Path | None = None, console=None) -> l
             found.append(Finding(ctx.name, "lengths", "info", f"{len(measured):,} of {len(rows):,} rows, evenly "
                                                               f"spaced", "lengths measured on a sample (the shares "
                                                                          "cut are estimates)"))
-        found += batch_findings(ctx, len(rows), values)
+        found += batch_findings(ctx, len(rows), values) + best_checkpoint_findings(ctx, values)
         found += template + filter_findings(ctx, rows, rewards) + speed_findings(ctx)
     return found
 

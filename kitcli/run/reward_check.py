@@ -41,3 +41,15 @@ def held_out_findings(ctx: StageContext) -> list[Finding]:
     from kitcli.training.held_out import describe_held_out
 
     return [Finding(ctx.name, "held-out eval", "ok", describe_held_out(ctx)["eval"], "resolved")]
+
+
+def best_checkpoint_findings(ctx: StageContext, values: dict[str, Any]) -> list[Finding]:
+    """With `eval:`, the best step's weights survive only if a checkpoint is saved at that step: every evaluation
+    step must be a multiple of train.save_steps (the kit forces no extra save: one inside a GRPO generation batch
+    would break an exact resume)."""
+    every, save = (ctx.stage.get("eval") or {}).get("every"), values.get("save_steps")
+    if not isinstance(every, int) or not isinstance(save, int) or save <= 0 or every % save == 0:
+        return []
+    return [Finding(ctx.name, "best checkpoint", "warn", f"eval.every {every}, train.save_steps {save}",
+                    f"an evaluation step that is not a multiple of {save} has no checkpoint, so a best step there "
+                    f"cannot be exported; set train.save_steps to {every} (or a divisor of it)")]
