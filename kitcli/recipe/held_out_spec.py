@@ -73,6 +73,8 @@ class HeldOutSpec(BaseModel, Generic[DataT, GenerationT, RewardT]):
 
 
 def _fail(message: str):
-    from kitcli.recipe.schema import fail
+    """schema.fail's one-line fault (the same error type and fields), made here: this module cannot import schema.py,
+    which imports it."""
+    from pydantic_core import PydanticCustomError
 
-    return fail(message)
+    return PydanticCustomError("kit", "{message}", {"message": message, "where": None})

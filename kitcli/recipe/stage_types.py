@@ -19,6 +19,7 @@ import importlib
 import pkgutil
 from functools import lru_cache
 from importlib import metadata
+from pathlib import Path
 
 from kitcli.errors import KitError
 
@@ -29,9 +30,9 @@ ENTRY_POINT_GROUP = "kit.stages"
 def builtin_specs() -> dict:
     """The kit's own stage types: every module of kitcli/stages/ with a SPEC (shared helpers like pairs.py have
     none), in their `order`."""
-    package = importlib.import_module("kitcli.stages")
+    folder = Path(__file__).resolve().parent.parent / "stages"
     found = [getattr(importlib.import_module(f"kitcli.stages.{info.name}"), "SPEC", None)
-             for info in pkgutil.iter_modules(package.__path__)]
+             for info in pkgutil.iter_modules([str(folder)])]
     return {spec.type: spec for spec in sorted((s for s in found if s is not None), key=lambda s: (s.order, s.type))}
 
 
