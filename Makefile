@@ -2,7 +2,7 @@
 # make test: set up .venv if missing and run the test suite (two pytest-xdist workers, one torch thread each;
 #   KIT_TEST_WORKERS=0 runs it in one process).
 # make test-long: the install rehearsal and the benchmarks' reduced runs (minutes of subprocesses; CI runs them).
-# make test-fast: the tests that train nothing (about 50 s); make lint: ruff; make mutants: the mutation check.
+# make test-fast: the tests that train nothing (about 45 s, on the same workers as make test); make lint: ruff; make mutants: the mutation check.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -30,7 +30,7 @@ test-long: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(KIT_TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m long
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n $(KIT_TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
