@@ -48,14 +48,14 @@ def sft_run(tmp_path_factory, tiny_model_dir):
 @pytest.fixture
 def gpu_precision_here(precision, monkeypatch):
     """helpers.emulate_gpu_precision for these stage modules too: in the bf16 case their configs get the GPU's
-    dtype settings (build_config with on_gpu=True), as the modules it lists do."""
-    from kitcli.stages import orpo, simpo
+    dtype settings (build_config with on_gpu=True), as the modules it lists do (both build theirs in
+    kitcli/stages/reference_free.py)."""
+    from kitcli.stages import reference_free
 
     if precision == "bf16" and not torch.cuda.is_available():
-        for stage in (orpo, simpo):
-            build = stage.build_config
-            monkeypatch.setattr(stage, "build_config",
-                                lambda *a, _build=build, **kw: _build(*a, **{**kw, "on_gpu": True}))
+        build = reference_free.build_config
+        monkeypatch.setattr(reference_free, "build_config",
+                            lambda *a, _build=build, **kw: _build(*a, **{**kw, "on_gpu": True}))
     return precision
 
 

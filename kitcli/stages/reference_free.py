@@ -21,16 +21,18 @@ from kitcli.recipe.stage_context import StageContext
 from kitcli.stages.pairs import (
     PAIR_COLUMNS,
     PreferenceSection,
+    describe_data,
     final_evaluation,
     has_eval,
+    on_disk,
     preference_rows,
     train_eval_rows,
 )
 from kitcli.training import trainers
 from kitcli.training.checkpoints import record_effective_settings, resume_checkpoint, train
-from kitcli.training.held_out import attach_held_out
+from kitcli.training.held_out import attach_held_out, describe_held_out
 from kitcli.training.progress import attach_progress, read_metrics
-from kitcli.training.trl_config import config_dict
+from kitcli.training.trl_config import build_config, config_dict, config_summary
 
 NO_REFERENCE = "it is reference-free: its loss reads the policy alone, with no reference model or adapter"
 # Keys that only a stage with a reference reads: stage keys, and `train:` fields of DPO / KTO's configs.
@@ -100,6 +102,24 @@ def common_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, 
         "eval_steps": 25,
         "per_device_eval_batch_size": 16,
     }
+
+
+def make_config(ctx: StageContext, defaults: dict[str, Any]):
+    """The stage's trainer config: its type's config class from the kit's, the stage's and `train:` settings."""
+    return build_config(trainers.config_class(ctx.section.type), stage_defaults=defaults, train=ctx.section.train,
+                        where=ctx.where, output_dir=ctx.dir.checkpoints, seed=ctx.seed, on_gpu=cuda_available())
+
+
+def describe(ctx: StageContext, defaults: dict[str, Any]) -> dict[str, Any]:
+    """What --dry-run prints: the pairs checked row by row (a local file), the config, the held-out evaluation."""
+    from kitcli.models.backend import choose_backend, prepare_backend
+
+    prepare_backend(choose_backend(ctx.model["backend"]))
+    config = make_config(ctx, defaults)
+    if on_disk(ctx.section.data):
+        checked_rows(ctx)
+    return {"init": ctx.section.init or "base model", "reference": "none (reference-free)", **describe_data(ctx),
+            **config_summary(config, defaults, ctx.section.train), **describe_held_out(ctx)}
 
 
 def build_trainer(stage_type: str, ctx: StageContext, config):

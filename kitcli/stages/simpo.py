@@ -35,15 +35,10 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from kitcli.models.backend import cuda_available
 from kitcli.recipe.schema import fail
 from kitcli.recipe.stage_context import StageContext
 from kitcli.recipe.stage_spec import StageSpec
 from kitcli.stages import reference_free
-from kitcli.stages.pairs import describe_data, on_disk
-from kitcli.training import trainers
-from kitcli.training.held_out import describe_held_out
-from kitcli.training.trl_config import build_config, config_summary
 
 TRACKED = reference_free.TRACKED
 
@@ -71,21 +66,11 @@ def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, A
 
 
 def make_config(ctx: StageContext):
-    return build_config(trainers.config_class("simpo"), stage_defaults=stage_defaults(ctx),
-                        train=ctx.section.train, where=ctx.where, output_dir=ctx.dir.checkpoints,
-                        seed=ctx.seed, on_gpu=cuda_available())
+    return reference_free.make_config(ctx, stage_defaults(ctx))
 
 
 def describe(ctx: StageContext) -> dict[str, Any]:
-    from kitcli.models.backend import choose_backend, prepare_backend
-
-    prepare_backend(choose_backend(ctx.model["backend"]))
-    config = make_config(ctx)
-    if on_disk(ctx.section.data):
-        reference_free.checked_rows(ctx)
-    return {"init": ctx.section.init or "base model", "reference": "none (reference-free)",
-            **describe_data(ctx), **config_summary(config, stage_defaults(ctx), ctx.section.train),
-            **describe_held_out(ctx)}
+    return reference_free.describe(ctx, stage_defaults(ctx))
 
 
 def build_trainer(ctx: StageContext, config=None):
