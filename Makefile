@@ -3,13 +3,15 @@
 #   KIT_TEST_WORKERS=0 runs it in one process).
 # make test-long: the install rehearsal and the benchmarks' reduced runs (minutes of subprocesses; CI runs them).
 # make test-fast: the tests that train nothing (about 45 s, on the same workers as make test); make lint: ruff; make mutants: the mutation check.
+# make test-other-cpu: the precision-mode formula tests again with Unsloth's CPU bf16 answer flipped (UNSLOTH_CPU_BF16):
+#   on a CPU with native bf16 (AMX-BF16 / AVX512-BF16) as on one without, and the reverse (CI runs it).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kit-installed
 KIT_TEST_WORKERS ?= 2
 
-.PHONY: demo test test-long test-fast lint mutants bench install clean
+.PHONY: demo test test-long test-fast test-other-cpu lint mutants bench install clean
 
 install: $(STAMP)
 
@@ -31,6 +33,13 @@ test-long: $(STAMP)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(KIT_TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not slow"
+
+# Unsloth's CPU backend trains bf16 only where the CPU has it natively (unsloth_zoo/cpu/runtime.py): flip its answer.
+OTHER_CPU_BF16 = $(shell grep -qwE 'amx_bf16|avx512_bf16|bf16' /proc/cpuinfo 2>/dev/null && echo 0 || echo 1)
+
+test-other-cpu: $(STAMP)
+	UNSLOTH_CPU_BF16=$(OTHER_CPU_BF16) $(BIN)/python -m pytest -q -n $(KIT_TEST_WORKERS) --dist loadgroup \
+		--no-loadscope-reorder -m "precision and not long"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

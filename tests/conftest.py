@@ -70,6 +70,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if TRAINING_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        if "precision" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.precision)  # `make test-other-cpu` runs these again
         item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
     if torch.cuda.is_available():
         return
@@ -155,7 +157,7 @@ def precision(request, monkeypatch):
     own forwards under bf16 autocast (helpers.emulate_gpu_precision; on a GPU, the real thing). Its tolerances in
     bf16 are measured on the test's own batch (helpers.PrecisionGap); in float32 they are the float32 ones."""
     import torch
-    from helpers import at_precision, emulate_gpu_precision
+    from helpers import at_precision, emulate_gpu_precision, forget_unsloth_cpu_bf16
 
     if request.param == "fp32" and torch.cuda.is_available():
         pytest.skip("float32 is the CPU's mode: on a GPU the kit trains in bf16 (kitcli/training/trl_config.py), "
@@ -171,6 +173,18 @@ def precision(request, monkeypatch):
         emulate_gpu_precision(monkeypatch)
     with at_precision(request.param):
         yield request.param
+    forget_unsloth_cpu_bf16()  # read UNSLOTH_CPU_BF16 afresh once monkeypatch has put it back
+
+
+@pytest.fixture(params=[False, True], ids=["cpu-without-bf16", "cpu-with-bf16"])
+def unsloth_cpu_bf16(request, monkeypatch) -> bool:
+    """Unsloth's CPU backend answering as on a CPU without native bf16 (an AVX2-only EPYC) and as on one with it
+    (AVX512-BF16 / AMX), whichever CPU runs the test (UNSLOTH_CPU_BF16)."""
+    from helpers import forget_unsloth_cpu_bf16, set_unsloth_cpu_bf16
+
+    set_unsloth_cpu_bf16(monkeypatch, native=request.param)
+    yield request.param
+    forget_unsloth_cpu_bf16()
 
 
 @pytest.fixture

@@ -80,6 +80,27 @@ def gpu_dtype_settings() -> dict[str, bool]:
     return {key: on_gpu[key] for key in ("bf16", "fp16")}
 
 
+UNSLOTH_CPU_BF16 = "UNSLOTH_CPU_BF16"
+
+
+def forget_unsloth_cpu_bf16() -> None:
+    """Unsloth's CPU backend caches whether this CPU trains in bf16 (unsloth_zoo/cpu/runtime.py,
+    cpu_bf16_supported: AMX-BF16 or AVX512-BF16, or UNSLOTH_CPU_BF16=0/1); after the variable changes, the next call
+    must read it again."""
+    try:
+        from unsloth_zoo.cpu.runtime import cpu_bf16_supported
+    except ImportError:  # a GPU install of Unsloth without the CPU backend
+        return
+    cpu_bf16_supported.cache_clear()
+
+
+def set_unsloth_cpu_bf16(monkeypatch, native: bool) -> None:
+    """Make Unsloth's CPU backend answer as on a CPU with (or without) native bf16, whatever this CPU has. The
+    caller clears the cache again once monkeypatch has put the variable back (conftest's fixtures do)."""
+    monkeypatch.setenv(UNSLOTH_CPU_BF16, "1" if native else "0")
+    forget_unsloth_cpu_bf16()
+
+
 def emulate_gpu_precision(monkeypatch) -> None:
     """Build every trainer of the test with the kit's GPU mixed precision, on the CPU.
 
@@ -95,10 +116,14 @@ def emulate_gpu_precision(monkeypatch) -> None:
     the logits as a float32 matmul of the bf16 hidden states (unsloth_zoo/fused_losses/fused_linear.py, the CPU
     branch of _mm_fp32). The test's own forwards follow forward_precision() (bf16 autocast in this mode).
     Not emulated: Unsloth's GPU kernels (LoRA, RMSNorm, RoPE), bitsandbytes' 4-bit base weights, PrefixGrouper
-    (refused by its own check on a CPU) and the GPU's matmul rounding."""
+    (refused by its own check on a CPU) and the GPU's matmul rounding.
+    Unsloth's CPU backend is told that this CPU has native bf16 (set_unsloth_cpu_bf16), as a GPU has: without it, it
+    turns the configs' bf16 off on a CPU without AMX-BF16 / AVX512-BF16 (the kit puts it back, see build_config),
+    and the emulation would depend on which CPU runs it."""
     from kitcli.stages import dpo, grpo, kto, reward, sft
     from kitcli.training import trl_config
 
+    set_unsloth_cpu_bf16(monkeypatch, native=True)
     emulated = {**trl_config.device_defaults(on_gpu=False), **gpu_dtype_settings()}
     monkeypatch.setattr(trl_config, "device_defaults", lambda on_gpu: dict(emulated))
     for stage in (dpo, grpo, kto, reward, sft):

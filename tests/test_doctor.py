@@ -66,3 +66,17 @@ def test_version_mismatch_is_a_warning_with_the_pin(monkeypatch):
     checks = {c.name: c for c in doctor.check_versions()}
     assert checks["trl"].status == "warn" and checks["trl"].fix == "pip install trl==0.0.1"
     assert not checks["trl"].critical
+
+
+def test_doctor_says_whether_this_cpu_has_native_bf16_and_what_it_changes(unsloth_cpu_bf16):
+    """Unsloth's CPU backend decides bf16 by the CPU (AMX-BF16 / AVX512-BF16) or UNSLOTH_CPU_BF16; the doctor reports
+    its answer and that the kit's CPU settings do not depend on it (float32 either way)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return  # a GPU machine reports the GPU's bf16 instead (check_torch)
+    by_name = {c["name"]: c for c in json.loads(run_cli("doctor", "--json").stdout)["checks"]}
+    detail = by_name["cpu bf16"]["detail"]
+    assert detail.startswith("native bf16" if unsloth_cpu_bf16 else "no native bf16"), detail
+    assert "UNSLOTH_CPU_BF16=" in detail and "float32 on a CPU either way" in detail
+    assert ("runs at full speed" if unsloth_cpu_bf16 else "would be emulated") in detail

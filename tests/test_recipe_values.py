@@ -204,10 +204,13 @@ def test_a_stage_that_would_train_nothing_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("on_gpu, expected", [(False, "no"), (True, "bf16")])
-def test_the_config_s_precision_is_the_kit_s_not_the_environment_s(on_gpu, expected, tmp_path, monkeypatch):
+def test_the_config_s_precision_is_the_kit_s_not_the_environment_s(on_gpu, expected, tmp_path, monkeypatch,
+                                                                   unsloth_cpu_bf16):
     """transformers 5 reads ACCELERATE_MIXED_PRECISION (set by `accelerate launch`, a shell, or an earlier trainer
     in the process) into any config whose bf16 and fp16 are both off: a float32 CPU run would autocast in bf16 while
-    its config.json said bf16 false. The kit's config holds the precision it asked for, whatever the environment."""
+    its config.json said bf16 false. The kit's config holds the precision it asked for, whatever the environment,
+    and on every CPU: Unsloth's CPU backend turns bf16 off where the CPU has no native bf16, and the kit's
+    mixed_precision is derived after it puts bf16 back (on_gpu=True with a CPU is the GPU-precision emulation)."""
     import torch
 
     from kitcli.training.trainers import config_class

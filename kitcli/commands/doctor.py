@@ -100,6 +100,7 @@ def check_torch() -> list[Check]:
                             "on a GPU machine: check `nvidia-smi` and CUDA_VISIBLE_DEVICES" if cuda_build else
                             "install a CUDA build of torch"))
         checks.append(Check("bf16", "warn", "no GPU: training runs in float32 on CPU"))
+        checks.append(check_cpu_bf16())
         return checks
     devices = []
     for index in range(torch.cuda.device_count()):
@@ -114,6 +115,29 @@ def check_torch() -> list[Check]:
         checks.append(Check("bf16", "warn", "no bfloat16 on this GPU (pre-Ampere): training runs in fp16",
                             "fp16 is fine for LoRA; watch for overflow in long runs"))
     return checks
+
+
+def check_cpu_bf16() -> Check:
+    """Whether this CPU computes bf16 natively (AMX-BF16 / AVX512-BF16 on x86, BF16 on Arm), as Unsloth's CPU backend
+    decides it (unsloth_zoo/cpu/runtime.py; UNSLOTH_CPU_BF16=0/1 overrides), and what that changes for the kit."""
+    try:
+        with quiet_output():
+            import unsloth  # noqa: F401  (unsloth_zoo refuses to import before it; the unsloth check imports it too)
+            from unsloth_zoo.cpu.runtime import cpu_bf16_supported, cpu_flags
+        native = cpu_bf16_supported()
+        flags = sorted(cpu_flags() & {"amx_bf16", "avx512_bf16", "bf16", "avx2"})
+    except Exception as error:  # noqa: BLE001
+        return Check("cpu bf16", "warn", f"cannot ask Unsloth's CPU backend ({type(error).__name__}: {error})",
+                     "pip install the unsloth-zoo version pyproject.toml pins")
+    override = os.environ.get("UNSLOTH_CPU_BF16", "").strip()
+    source = f"UNSLOTH_CPU_BF16={override}" if override else f"CPU flags: {', '.join(flags) or 'none of note'}"
+    same = ("the kit trains in float32 on a CPU either way (bf16 and fp16 off, model dtype float32), so a recipe "
+            "gives the same settings on every CPU; float rounding differs between CPU kinds, so held-out figures "
+            "can differ by a few questions in 100")
+    if native:
+        return Check("cpu bf16", "ok", f"native bf16 ({source}): {same}; model.dtype bfloat16 runs at full speed")
+    return Check("cpu bf16", "ok", f"no native bf16 ({source}): {same}; model.dtype bfloat16 would be emulated "
+                                   f"by torch, several times slower than float32")
 
 
 def check_libraries() -> list[Check]:

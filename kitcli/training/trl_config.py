@@ -119,13 +119,23 @@ def build_config(config_cls, *, stage_defaults: dict[str, Any], train: dict[str,
     except (ValueError, TypeError) as error:
         raise KitError(f"{where}: {config_cls.__name__} rejected the train settings: "
                        f"{str(error).splitlines()[0]}") from None
-    if not isinstance(getattr(type(config), "mixed_precision", None), property):  # the kit's PPOConfig derives it
-        # transformers reads ACCELERATE_MIXED_PRECISION into a config whose bf16 and fp16 are both off
-        config.mixed_precision = "bf16" if config.bf16 else "fp16" if config.fp16 else "no"
     config.kit_resolved = values
     config.kit_explicit = set(train)
     config.kit_rewrites = restore_rewrites(config, values, set(train), where)
+    derive_mixed_precision(config)
     return config
+
+
+def derive_mixed_precision(config) -> None:
+    """mixed_precision from the config's bf16 / fp16 as the kit left them, after restore_rewrites.
+
+    Derived last, because two libraries decide it otherwise: transformers 5 reads ACCELERATE_MIXED_PRECISION into a
+    config whose bf16 and fp16 are both off, and Unsloth's CPU backend turns bf16 off on a CPU without native bf16
+    (unsloth_zoo/cpu/runtime.py, cpu_bf16_supported) before restore_rewrites puts the kit's value back. Derived
+    before the restore, a config would say bf16=True with mixed_precision "no" on such a CPU only."""
+    if isinstance(getattr(type(config), "mixed_precision", None), property):  # the kit's PPOConfig derives it
+        return
+    config.mixed_precision = "bf16" if config.bf16 else "fp16" if config.fp16 else "no"
 
 
 def canonical(value: Any) -> Any:
@@ -182,7 +192,8 @@ def config_summary(config, stage_defaults: dict[str, Any], train: dict[str, Any]
 
 def explicit_values(config, stage_defaults: dict[str, Any], train: dict[str, Any]) -> dict[str, Any]:
     """The config's effective values for every field the kit or the recipe set (after TRL's __post_init__)."""
-    keys = set(COMMON_DEFAULTS) | set(stage_defaults) | set(train) | {"use_cpu", "bf16", "fp16", "optim", "seed"}
+    keys = set(COMMON_DEFAULTS) | set(stage_defaults) | set(train) | {"use_cpu", "bf16", "fp16", "mixed_precision",
+                                                                       "optim", "seed"}
     out = {}
     for key in sorted(keys):
         if hasattr(config, key):
