@@ -145,6 +145,16 @@ def estimate(arch: Architecture, s: Settings, gpu_bytes: float | None = None) ->
                                    "resident"))
         else:
             parts.append(Component("reference model (the base with the adapter off)", 0, "resident"))
+    if s.frozen_model is not None:  # a distillation teacher: frozen, loaded as the base is (4-bit on a GPU)
+        from kitcli.plan.architecture import find_architecture
+
+        frozen = arch if s.frozen_model == arch.name else find_architecture(s.frozen_model)
+        parts.append(Component(f"frozen model beside the policy ({s.frozen_model}, "
+                               f"{'4-bit NF4' if s.load_in_4bit else f'{8 * s.dtype_bytes}-bit'}, "
+                               f"{frozen.total_params / 1e9:.2f}B parameters)",
+                               weight_bytes(frozen, s.load_in_4bit, s.dtype_bytes), "resident"))
+        parts.append(Component("frozen model forward (no gradient)", inference_working_bytes(frozen, tokens, act),
+                               "train"))
     if s.reward_model and s.critic and s.lora_r is not None:  # PPO: the reward stage's adapter on the same base
         parts.append(Component("reward adapter + score head (on the shared base)",
                                arch.lora_params(s.lora_r, s.lora_targets) * 4, "resident"))

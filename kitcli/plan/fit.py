@@ -43,7 +43,8 @@ def candidate_moves(s: Settings) -> list[tuple[list[Change], Settings]]:
         updated = replace(s, per_device_train_batch_size=new, gradient_accumulation_steps=accumulation)
         if s.rl and not s.generation_batch_size:
             steps = s.steps_per_generation * factor  # the same completions per generation round
-            changes.append(Change("train.steps_per_generation", s.steps_per_generation, steps))
+            if s.spec.groups:  # GRPO's family sets it; a distillation's generation batch follows the accumulation
+                changes.append(Change("train.steps_per_generation", s.steps_per_generation, steps))
             updated = replace(updated, steps_per_generation=steps)
         moves.append((changes, updated))
     if s.rl and s.num_generations > 2 and not s.use_vllm:
@@ -89,7 +90,7 @@ def fit(arch: Architecture, s: Settings, budget: float, limit: int = 24) -> tupl
         else:
             break
     touched = {c.key for c in changes}
-    if s.rl and not current.generation_batch_size and touched & {
+    if s.rl and s.spec.groups and not current.generation_batch_size and touched & {
             "train.per_device_train_batch_size", "train.gradient_accumulation_steps", "train.num_generations"}:
         # spell out steps_per_generation: the kit's default for it follows gradient_accumulation_steps
         changes = [c for c in changes if c.key != "train.steps_per_generation"]

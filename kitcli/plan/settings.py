@@ -49,6 +49,7 @@ class Settings:
     vllm_gpu_memory_utilization: float = 0.3
     eval_batch_size: int = 0
     tool_rounds: int = 0  # max_tool_calling_iterations of a stage with tools (0: no tools)
+    frozen_model: str | None = None  # a frozen model beside the policy (a distillation teacher): its name or path
 
     @property
     def completions_at_once(self) -> int:
@@ -114,19 +115,24 @@ def config_defaults(spec) -> dict[str, Any]:
     return {name: f.default for name, f in config_fields(spec.section.config).items() if f.default is not MISSING}
 
 
-def stage_values(recipe, stage: dict[str, Any]) -> dict[str, Any]:
-    """The stage's config values as it builds them on a GPU (kitcli.training.trl_config.build_config's layers)."""
+def plan_context(recipe, stage: dict[str, Any]):
+    """The StageContext a stage type's plan callables read (its defaults, its frozen model): no run directory."""
     from rich.console import Console
 
-    from kitcli.recipe import stage_types
     from kitcli.recipe.stage_context import StageContext
+
+    return StageContext(recipe, stage, Path("kit-plan-run"), Console(quiet=True))
+
+
+def stage_values(recipe, stage: dict[str, Any]) -> dict[str, Any]:
+    """The stage's config values as it builds them on a GPU (kitcli.training.trl_config.build_config's layers)."""
+    from kitcli.recipe import stage_types
     from kitcli.training.trl_config import COMMON_DEFAULTS
 
     spec = stage_types.spec(stage["type"])
     own = {}
     if spec.defaults is not None:  # they read only ctx.model, ctx.stage and the recipe
-        ctx = StageContext(recipe, stage, Path("kit-plan-run"), Console(quiet=True))
-        own = spec.defaults(ctx, on_gpu=True)
+        own = spec.defaults(plan_context(recipe, stage), on_gpu=True)
     return {**config_defaults(spec), **COMMON_DEFAULTS, **GPU_DEVICE_DEFAULTS, **own, **(stage.get("train") or {})}
 
 
@@ -156,6 +162,7 @@ def stage_settings(recipe, stage: dict[str, Any], backend: str) -> Settings:
         gradient_accumulation_steps=int(values.get("gradient_accumulation_steps", 1)),
         seq_len=int(values.get("max_length") or seq), gradient_checkpointing=bool(values.get(
             "gradient_checkpointing", True)), beta=float(values.get("beta") or 0.0),
+        frozen_model=spec.frozen_model(plan_context(recipe, stage)) if spec.frozen_model is not None else None,
     )
     if spec.rl:
         completion = int(values["max_completion_length"])
@@ -163,7 +170,7 @@ def stage_settings(recipe, stage: dict[str, Any], backend: str) -> Settings:
         vllm = {key: cast(values[key]) for key, cast in (("use_vllm", bool), ("vllm_mode", str),
                                                           ("vllm_gpu_memory_utilization", float)) if key in values}
         settings = replace(settings, prompt_len=prompt, completion_len=completion, seq_len=prompt + completion,
-                           num_generations=int(values["num_generations"]),
+                           num_generations=int(values.get("num_generations", 1)),  # distillation: one each
                            steps_per_generation=int(values["steps_per_generation"]),
                            generation_batch_size=values.get("generation_batch_size"),
                            reward_model=stage.get("reward_model") is not None, critic=critic, **vllm)

@@ -36,6 +36,10 @@ class StageSpec:
     rows_shape: Literal["prompts", "text", "pairs"] | None = None
     groups: bool = False  # samples a group of completions per prompt (num_generations): batch and signal checks
     reference: Literal["always", "beta", "never"] = "never"  # a frozen reference: always, when train.beta > 0, never
+    # A second, frozen model it loads beside the policy (a distillation teacher): (StageContext) -> the model name or
+    # path whose architecture it has (the recipe's model.name for an adapter an earlier stage trained). kit plan
+    # counts its weights and its forward pass.
+    frozen_model: Callable[[Any], str] | None = None
     as_trained: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None  # file rows -> trainer rows
     refused_keys: dict[str, str] = field(default_factory=dict)  # why it has no such key (e.g. "tools": ...)
     resume_restores: str = RESUMED  # what a resume restores, for DONE and the report
