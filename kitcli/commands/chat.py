@@ -105,8 +105,8 @@ def load_stage_model(policy: PolicyStage, log):
         return load_policy(model["name"], max_seq_length=model["max_seq_length"], load_in_4bit=model["load_in_4bit"],
                            lora=None, backend=model.get("backend", "auto"), dtype=model.get("dtype", "auto"),
                            seed=policy.recipe.get("seed", 42), init_from=policy.stage_dir,
-                           trust_remote_code=model.get("trust_remote_code", False), trainable=False, log=log,
-                           label=f"stage {policy.name}")
+                           trust_remote_code=model.get("trust_remote_code", False), trainable=False,
+                           chat_template=model.get("chat_template"), log=log, label=f"stage {policy.name}")
 
 
 def chat_prompt(tokenizer, messages: list[dict[str, str]]) -> str:
@@ -162,10 +162,12 @@ def chat_tools(names: tuple[str, ...], temperature: float) -> list:
 def check_chat_template(policy: PolicyStage, tokenizer=None) -> None:
     """The stage's chat template renders and parses tool calls (the checks of a stage with tools); before the model
     loads when its tokenizer is on disk, and on the loaded tokenizer (the tiny one gets its response template)."""
+    from kitcli.models.chat_template import with_template_text
     from kitcli.training.tool_use import check_template, preflight_tokenizer
 
     name = policy.model["name"]
-    tokenizer = tokenizer if tokenizer is not None else preflight_tokenizer(name)
+    if tokenizer is None:
+        tokenizer = with_template_text(preflight_tokenizer(name), policy.model.get("chat_template"))
     if tokenizer is not None:
         check_template(tokenizer, name, f"--tools (stage '{policy.name}')")
 

@@ -118,8 +118,8 @@ def load_target(resolved: dict[str, Any], *, max_seq_length: int | None, seed: i
     return load_policy(model["name"], max_seq_length=max_seq_length or model["max_seq_length"],
                        load_in_4bit=model["load_in_4bit"], lora=None, backend=model.get("backend", "auto"),
                        dtype=model.get("dtype", "auto"), seed=seed, init_from=resolved["init_dir"],
-                       trust_remote_code=model.get("trust_remote_code", False), trainable=False, log=log,
-                       label="evaluated model")
+                       trust_remote_code=model.get("trust_remote_code", False), trainable=False,
+                       chat_template=model.get("chat_template"), log=log, label="evaluated model")
 
 
 def refuse_options(mode: str, names: tuple[str, ...]) -> None:

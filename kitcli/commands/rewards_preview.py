@@ -128,7 +128,8 @@ def preview(recipe_name: str, *, stage_name: str | None, count: int, run_dir: Pa
     loaded = load_policy(model["name"], max_seq_length=model["max_seq_length"], load_in_4bit=model["load_in_4bit"],
                          lora=None, backend=model["backend"], dtype=model["dtype"], seed=recipe.data["seed"],
                          init_from=init_from, trust_remote_code=model["trust_remote_code"], trainable=False,
-                         log=lambda m: console.print(m, markup=False), label="starting model")
+                         chat_template=model.get("chat_template"), log=lambda m: console.print(m, markup=False),
+                         label="starting model")
     prompts = [row["prompt"] for row in picked]
     console.print(f"sampling {len(prompts)} completions (max_new_tokens {max_new_tokens}, temperature "
                   f"{temperature:g}) for stage '{stage['name']}'", markup=False)

@@ -22,6 +22,7 @@ from typing import Any
 
 from kitcli import dist, libraries
 from kitcli.errors import KitError
+from kitcli.models.chat_template import apply_chat_template, require_unsloth_for
 from kitcli.rundir import StageDir
 
 HEAVY_MODULES = ("torch", "transformers", "trl", "peft", "unsloth")
@@ -253,15 +254,18 @@ def load_policy(
     init_from: Path | None = None,
     trust_remote_code: bool = False,
     trainable: bool = True,
+    chat_template: str | None = None,
     log=print,
     label: str = "policy",
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer, with a fresh LoRA adapter, `init_from`'s adapter, or full weights.
 
     `init_from` is an earlier stage's output: a directory with `adapter/` (LoRA; loaded into the new adapter,
-    so the stage starts from exactly those weights) or `model/` (full fine-tuning).
+    so the stage starts from exactly those weights) or `model/` (full fine-tuning). The tokenizer is the base
+    model's with the recipe's `chat_template` (kitcli/models/chat_template.py), unset: its own.
     """
     chosen = choose_backend(backend)
+    require_unsloth_for(chat_template, chosen, label)  # before anything loads
     prepare_backend(chosen)
     if load_in_4bit is None:
         load_in_4bit = four_bit(None)
@@ -291,6 +295,7 @@ def load_policy(
         if path == model_name and uncached_hub_model(model_name):  # the hub could not be reached
             raise not_cached(model_name, f"the hub cannot be reached ({str(error).splitlines()[0]})") from None
         raise
+    tokenizer = apply_chat_template(tokenizer, chat_template)
     if adapter_dir is not None:
         load_adapter_weights(model, adapter_dir)
     if not trainable:
@@ -308,6 +313,7 @@ def load_stage_policy(model: dict[str, Any], *, lora: dict[str, Any] | None, see
                       log=print, trainable: bool = True, label: str = "policy", **overrides: Any) -> LoadedModel:
     """`load_policy` with the settings of a recipe's `model:` mapping (`overrides` replace any of them)."""
     settings = {key: model[key] for key in ("max_seq_length", "load_in_4bit", "backend", "dtype", "trust_remote_code")}
+    settings["chat_template"] = model.get("chat_template")  # absent from the model: of a lock older than the key
     settings.update(overrides)
     return load_policy(model["name"], lora=lora, seed=seed, init_from=init_from, trainable=trainable, log=log,
                        label=label, **settings)

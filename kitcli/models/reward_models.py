@@ -23,6 +23,7 @@ from kitcli.models.backend import (
     resolve_model_path,
     torch_dtype,
 )
+from kitcli.models.chat_template import apply_chat_template, require_unsloth_for
 from kitcli.rundir import StageDir
 
 REWARD_HEADS = ("score", "classifier")
@@ -49,6 +50,7 @@ def load_reward_model(
     seed: int = 42,
     init_from: Path | None = None,
     trust_remote_code: bool = False,
+    chat_template: str | None = None,
     log=print,
     label: str = "reward model",
 ) -> LoadedModel:
@@ -59,7 +61,9 @@ def load_reward_model(
     (a policy adapter fits: a causal LM and its sequence-classification twin share the decoder under the same
     names); the score head is new either way. With `model/` (full fine-tuning), that model is the base.
     Unsloth serves this on a GPU (`FastModel` with `num_labels`); on CPU, or if Unsloth cannot, transformers + PEFT.
+    The tokenizer gets the recipe's `chat_template`, as the policies' do (kitcli/models/chat_template.py).
     """
+    require_unsloth_for(chat_template, choose_backend(backend), label)
     prepare_backend(choose_backend(backend))  # import unsloth first whenever the run's policies use it
     chosen = choose_backend(backend, task="seq_cls")
     load_in_4bit = four_bit(load_in_4bit)
@@ -85,6 +89,7 @@ def load_reward_model(
     if loaded is None:
         loaded = _load_transformers_seq_cls(path, max_seq_length, load_in_4bit, lora, dtype, seed, trust_remote_code)
     model, tokenizer, quantized = loaded
+    tokenizer = apply_chat_template(tokenizer, chat_template)
     if adapter_dir is not None:
         load_partial_adapter_weights(model, adapter_dir)
     trainable_count, total = count_parameters(model)

@@ -94,7 +94,8 @@ def build_trainer(ctx: StageContext, config=None):
     loaded = load_reward_model(
         ctx.model["name"], max_seq_length=ctx.model["max_seq_length"], load_in_4bit=ctx.model["load_in_4bit"],
         lora=ctx.recipe.data["lora"], backend=ctx.model["backend"], dtype=ctx.model["dtype"], seed=ctx.seed,
-        init_from=ctx.init_dir, trust_remote_code=ctx.model["trust_remote_code"], log=ctx.log,
+        init_from=ctx.init_dir, trust_remote_code=ctx.model["trust_remote_code"],
+        chat_template=ctx.model.get("chat_template"), log=ctx.log,
     )
     trainer, _ = build("reward", loaded, args=config, train_dataset=to_dataset(train_rows),
                        eval_dataset=to_dataset(eval_rows) if eval_rows else None, processing_class=loaded.tokenizer,

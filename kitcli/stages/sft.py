@@ -71,13 +71,14 @@ def check_assistant_only_loss(ctx: StageContext, rows: list[dict[str, Any]]) -> 
     from trl.chat_template_utils import get_training_chat_template, has_generation_markers
     from trl.data_utils import is_conversational
 
+    from kitcli.models.chat_template import with_template_text
     from kitcli.training.tool_use import preflight_tokenizer
 
     if not is_conversational(rows[0]):
         raise KitError(f"{ctx.where}: train.assistant_only_loss needs conversational rows (messages, or prompt and "
                        f"completion as lists of turns) and '{ctx.section.data.path}' has plain text; set data: "
                        f"{{chat: true}} or assistant_only_loss: false")
-    tokenizer = preflight_tokenizer(ctx.model["name"])
+    tokenizer = with_template_text(preflight_tokenizer(ctx.model["name"]), ctx.model.get("chat_template"))
     template = getattr(tokenizer, "chat_template", None)
     if template is None or has_generation_markers(template):
         return  # no template: the rows' own check says so; marked: TRL uses it as it is

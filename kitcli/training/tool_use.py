@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kitcli.errors import KitError
+from kitcli.models.chat_template import with_template_text
 from kitcli.recipe.stage_context import StageContext
 from kitcli.recipe.tool_spec import ToolsSection  # noqa: F401  (the stages' section, one import)
 
@@ -84,7 +85,7 @@ def describe_tools(ctx: StageContext) -> dict[str, Any]:
         return {}
     tools, environment = stage_tools(ctx)
     check_prompts(ctx)
-    tokenizer = preflight_tokenizer(ctx.model["name"])
+    tokenizer = with_template_text(preflight_tokenizer(ctx.model["name"]), ctx.model.get("chat_template"))
     if tokenizer is not None:
         check_template(tokenizer, ctx.model["name"], ctx.where)
     described: dict[str, Any] = {"tools": [f"{t.name} ({t.source})" for t in tools]}
