@@ -183,7 +183,7 @@ def test_generation_shows_a_progress_bar_on_a_terminal_only():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage_type", ["kto", "orpo", "simpo", "ppo"])
+@pytest.mark.parametrize("stage_type", ["kto", "orpo", "simpo", "ppo", "distill"])
 def test_every_policy_stage_type_scores_its_held_out_rows_at_step_0_every_n_and_the_end(tmp_path, stage_type):
     """The stage types with a run of their own (KTO's, the reference-free pair stages', PPO's loop) evaluate at the
     same steps as SFT and GRPO, and DONE names the best step among them."""

@@ -85,6 +85,7 @@ SAMPLE_STAGES = {
     "gspo": [PROMPTS, {**PROMPTS, "variant": "luspo"}],
     "rloo": [PROMPTS],
     "ppo": [PROMPTS],
+    "distill": [{"data": PROMPTS["data"], "teacher": {"model": "tiny"}}],
     "eval": [{"data": str(DATA / "arithmetic_eval.jsonl")}],
 }
 
@@ -211,6 +212,12 @@ def test_planner_settings_are_the_stage_config_on_a_gpu(in_tmp, monkeypatch, sta
         assert settings.beta == grpo.VARIANTS[body.get("variant", grpo.DEFAULT_VARIANT)]["beta"]
     if not spec.rl:  # a sequence (a chosen + rejected pair for preference stages) up to max_length
         assert settings.seq_len == (config.max_length or max_seq_length)
+        return
+    if stage_type == "distill":  # one completion per prompt, a generation batch each optimizer step; a teacher
+        assert settings.num_generations == 1 and settings.frozen_model == "tiny"
+        assert settings.completion_len == config.max_completion_length
+        assert settings.seq_len == settings.prompt_len + config.max_completion_length
+        assert settings.completions_at_once == config.per_device_train_batch_size * config.gradient_accumulation_steps
         return
     assert settings.num_generations == config.num_generations
     assert settings.completion_len == config.max_completion_length

@@ -77,19 +77,25 @@ STAGES = {
              "train": {"per_device_train_batch_size": 4, "num_generations": 4, "steps_per_generation": 2,
                        "max_completion_length": 4, "temperature": 1.0, "learning_rate": 1e-3, "beta": 0.05,
                        "max_steps": 14}},
+    # distill: the SFT stage's student distilled towards the base model (a teacher that differs from where the student
+    # starts, so it moves); 8 prompts, 2 a step: 4 steps a pass, ending half-way through its fourth pass.
+    "distill": {"type": "distill", "teacher": {"model": "tiny"}, "data": {"path": PROMPTS, "limit": 8},
+                "train": {"per_device_train_batch_size": 2, "max_completion_length": 4, "temperature": 1.0,
+                          "learning_rate": 1e-3, "max_steps": 14}},
     "ppo": {"type": "ppo", "data": {"path": PROMPTS, "limit": 8}, "rewards": ["exact_match", "varied.py:varied"],
             "eval_data": {"path": str(DATA / "arithmetic_eval.jsonl"), "limit": 4},
             "train": {"per_device_train_batch_size": 4, "num_mini_batches": 2, "num_ppo_epochs": 2,
                       "response_length": 4, "learning_rate": 1e-3, "kl_coef": 0.05, "max_steps": 6,
                       "save_steps": 1}},
 }
-SAMPLING = ("grpo", "gspo", "rloo", "ppo")
+SAMPLING = ("grpo", "gspo", "rloo", "distill", "ppo")
 # Where each sampling stage type is killed: right after its checkpoint at that step, or, for "checkpoint_write",
 # while that step's checkpoint is half written (it then resumes from the checkpoint before).
 KILLS = {
     "grpo": {"first_pass": 2, "pass_boundary": 4, "third_pass": 10, "checkpoint_write": 8},
     "gspo": {"first_pass": 4, "pass_boundary": 8, "third_pass": 20, "checkpoint_write": 16},
     "rloo": {"first_pass": 2, "pass_boundary": 4, "third_pass": 10, "checkpoint_write": 8},
+    "distill": {"first_pass": 2, "pass_boundary": 4, "third_pass": 10, "checkpoint_write": 8},
     "ppo": {"first_pass": 1, "pass_boundary": 2, "third_pass": 5, "checkpoint_write": 4},
 }
 CASES = [(t, "after_checkpoint") for t in STAGES if t not in SAMPLING] + [(t, k) for t in SAMPLING for k in KILLS[t]] \
