@@ -14,6 +14,7 @@ from kitcli.commands.data import data_group
 from kitcli.commands.doctor import doctor_command
 from kitcli.commands.eval import eval_command, report_command
 from kitcli.commands.export import export_command
+from kitcli.commands.import_config import import_command
 from kitcli.commands.plan import plan_command
 from kitcli.commands.rewards import rewards
 from kitcli.commands.tools import tools_group
@@ -214,6 +215,7 @@ main.add_command(plan_command)
 main.add_command(chat_command)
 main.add_command(generate_command)
 main.add_command(export_command)
+main.add_command(import_command)
 
 
 if __name__ == "__main__":

@@ -40,8 +40,8 @@ def dtype_name(value: Any) -> Any:
 
 def warmup_fraction(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise ValueError(f"warmup_ratio {value!r} is not a fraction in [0, 1) of the run's steps; for a number of "
-                         f"steps set train.warmup_steps: N (an integer)")
+        raise ValueError("not a fraction in [0, 1) of the run's steps; for a number of steps set "
+                         "train.warmup_steps: N (an integer)")
     return float(value)
 
 
@@ -49,14 +49,14 @@ def one_config(value: Any) -> str:
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
     if not isinstance(value, str):
-        raise ValueError(f"{value!r}: a stage reads one dataset configuration; give one as data.config")
+        raise ValueError("a stage reads one dataset configuration; give one as data.config")
     return value
 
 
 def sampling_params(value: Any) -> dict[str, Any]:
     """vLLM's SamplingParams (Unsloth's GRPOConfig vllm_sampling_params) as GRPOConfig's own sampling fields."""
     if not isinstance(value, dict):
-        raise ValueError(f"{value!r}: give the sampling settings as train keys (temperature, top_p, top_k, min_p)")
+        raise ValueError("not a mapping; give the sampling settings as train keys (temperature, top_p, top_k, min_p)")
     names = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
              "repetition_penalty": "repetition_penalty", "max_tokens": "max_completion_length"}
     unknown = [k for k in value if k not in names and k not in ("seed", "include_stop_str_in_output")]
@@ -224,7 +224,8 @@ def apply(record: ForeignName, key: str, value: Any, place: Place, recipe: dict)
     try:
         new = CONVERSIONS[record.convert](value) if record.convert else value
     except ValueError as error:
-        return Handled(where, key, value, record, REFUSE, f"{where}: {error} ({why}) [{record.source}]")
+        line = f"{told} cannot be read as {targets[0].removeprefix('stage.')}: {error} [{record.source}]"
+        return Handled(where, key, value, record, REFUSE, line)
     target = targets[0]
     conflict = write(recipe, place.stage, target, new)
     named = target.removeprefix("stage.")
