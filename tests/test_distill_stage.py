@@ -141,7 +141,8 @@ def test_the_student_learns_from_an_sft_teacher_and_is_evaluated_while_it_does(t
     assert summary["divergence"] == "reverse KL(student || teacher)" and summary["beta"] == 1.0
     assert summary["eval_steps"] == [0, 4, 8, 12, 14]
     losses = [row["loss"] for row in metrics(tmp_path / "run" / "distill") if "loss" in row and "entropy" in row]
-    assert len(losses) == 14 and sum(losses[-4:]) < 0.7 * sum(losses[:4]), losses
+    assert len(losses) == 14 and losses[0] > 1.0, losses  # the SFT teacher is far from the base at first
+    assert sum(losses[-4:]) < 0.5 * sum(losses[:4]), losses  # and the student comes closer
     student = load_file(str(tmp_path / "run" / "distill" / "adapter" / "adapter_model.safetensors"))
     assert all(torch.count_nonzero(v) > 0 for k, v in student.items() if "lora_B" in k)  # trained from B = 0
     lock = yaml.safe_load((tmp_path / "run" / "recipe.lock.yaml").read_text())
