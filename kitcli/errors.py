@@ -14,6 +14,61 @@ class KitError(click.ClickException):
         click.echo(f"Error: {self.format_message()}", err=True, file=file)
 
 
+class KitFaults(KitError):
+    """Every fault found in one pass over a recipe, one line each (`file: stage 'x': key: what is wrong`), printed
+    in the recipe's order (its top level first, then stage by stage), so that a recipe copied from another tool is
+    fixed in one round. One fault prints as a KitError does."""
+
+    def __init__(self, lines: list[str], source: str, stages: list[str] = ()) -> None:
+        unique = {fault_key(line): line for line in reversed(lines)}  # the first of each, found twice
+        self.lines = ordered_by_stage([line for line in lines if unique.get(fault_key(line)) is line], stages)
+        self.source = source
+        super().__init__("\n".join(self.lines))
+
+    def show(self, file=None) -> None:
+        for line in self.lines:
+            click.echo(f"Error: {line}", err=True, file=file)
+        if len(self.lines) > 1:
+            click.echo(f"Error: {self.source}: {len(self.lines)} faults, each on a line above; fix them all, then "
+                       f"`kit check {self.source}` again", err=True, file=file)
+
+
+def fault_key(line: str) -> str:
+    """A fault's line without its file, its stage and the key paths before its message: the same fault found by two
+    checks (`data: row 1 of ...` and `row 1 of ...`) is reported once."""
+    import re
+
+    text = re.sub(r"^.*?stage '[^']+': ", "", line)
+    while (stripped := re.sub(r"^[\w.\[\]]+: ", "", text, count=1)) != text:
+        text = stripped
+    return f"{stage_of(line)}|{text}"
+
+
+def stage_of(line: str) -> str | None:
+    """The stage a fault's line names (`...: stage 'grpo': ...`), None for the recipe's top level."""
+    import re
+
+    found = re.search(r"(?:^|: )stage '([^']+)'", line)
+    return found.group(1) if found else None
+
+
+def ordered_by_stage(lines: list[str], stages: list[str]) -> list[str]:
+    """The recipe's own faults first, then each stage's in the recipe's order (a stage not listed last), each group
+    in the order found."""
+    rank = {name: index for index, name in enumerate(stages)}
+
+    def key(line: str) -> int:
+        stage = stage_of(line)
+        return -1 if stage is None else rank.get(stage, len(rank))
+
+    return sorted(lines, key=key)
+
+
+def faults_of(error: KitError) -> list[str]:
+    """The lines of a KitError: each fault of a KitFaults, else its one message."""
+    return list(error.lines) if isinstance(error, KitFaults) else [error.format_message()]
+
+
 def closest(word: str, choices, n: int = 1) -> list[str]:
     """The nearest names by spelling; failing that, names that are a prefix of the word or start with it
     (`rank` -> `r`, `dropout_rate` -> `dropout`)."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,12 @@ from kitcli.records import read_jsonl
 
 LOCK_NAME = "recipe.lock.yaml"
 WRITER_LOCK_NAME = ".writer.lock"
-SECRET_KEY_PARTS = ("token", "api_key", "apikey", "secret", "password")
+# Credentials, by key name: only these are kept out of lock files, configs and reports. A tokenizer's special
+# tokens (eos_token, pad_token), token counts (max_new_tokens) and token ids are settings, and a lock keeps them.
+CREDENTIAL_KEYS = re.compile(r"(^|_)(api_?key|secret|password|passwd|credentials?)$|"
+                             r"^(token|hub_token|hf_token|access_token|auth_token|bearer_token|push_to_hub_token|"
+                             r"wandb_api_key|github_token|openai_api_key)$")
+REDACTED = "<redacted>"
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -47,14 +53,17 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def redact(value: Any) -> Any:
-    """A copy of `value` with every mapping entry whose key names a secret replaced by "<redacted>": no token
-    reaches a lock file, a config.json or a report."""
+    """A copy of `value` with every mapping entry whose key names a credential (CREDENTIAL_KEYS) replaced by
+    "<redacted>": no token reaches a lock file, a config.json or a report."""
     if isinstance(value, dict):
-        return {k: "<redacted>" if any(p in str(k).lower() for p in SECRET_KEY_PARTS) else redact(v)
-                for k, v in value.items()}
+        return {k: REDACTED if is_credential(k) and v is not None else redact(v) for k, v in value.items()}
     if isinstance(value, list):
         return [redact(v) for v in value]
     return value
+
+
+def is_credential(key: Any) -> bool:
+    return bool(CREDENTIAL_KEYS.search(str(key).lower()))
 
 
 @dataclass(frozen=True)

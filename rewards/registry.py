@@ -19,11 +19,8 @@ the data cannot be scored (run by `check_data` before any model loads).
 from __future__ import annotations
 
 import difflib
-import importlib
-import importlib.util
 import inspect
 import math
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -31,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kitcli.errors import KitError, closest
+from rewards.modules import load_named, same_name_beside
 
 ENTRY_POINT_GROUP = "kit.rewards"
 BUILTIN_DISTRIBUTION = "lora-kit"  # this package: its rewards are the built-ins
@@ -174,6 +172,11 @@ def find_reward(name: str, base_dir: Path, where: str) -> tuple[Any, str]:
     eps = entry_points()
     if name not in eps:
         raise unknown_reward(name, where)
+    mine = same_name_beside(name, base_dir)
+    if mine:
+        raise KitError(f"{where}: reward '{name}' is ambiguous: the registered {eps[name].value} and "
+                       f"{', '.join(f'{path.name}:{name}' for path in mine)} in the recipe's folder ({base_dir}); "
+                       f"name the one you mean: {mine[0].name}:{name} or {eps[name].value}")
     clash = conflicting(name)
     if clash:
         listed = "; ".join(f"{ep.value} ({distribution_name(ep)})" for ep in clash)
@@ -183,68 +186,6 @@ def find_reward(name: str, base_dir: Path, where: str) -> tuple[Any, str]:
         return eps[name].load(), f"entry point {eps[name].value}"
     except Exception as error:
         raise KitError(f"{where}: reward '{name}' ({eps[name].value}) failed to load: {error}") from None
-
-
-def load_named(name: str, base_dir: Path, where: str, what: str) -> tuple[Any, str]:
-    """`module:attr` or `path/to/file.py:attr` (relative to `base_dir`): the object and where it was found. `what`
-    (reward, tool, environment) names it in the errors; tools/registry.py finds its plugins through this too."""
-    target, _, attribute = name.rpartition(":")
-    if target.endswith(".py"):
-        path = Path(target).expanduser()
-        path = path if path.is_absolute() else base_dir / path
-        if not path.is_file():
-            raise KitError(f"{where}: {what} file '{target}' does not exist (looked in {base_dir})")
-        module, source = load_file_module(path, where, what), str(path)
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as error:
-            raise KitError(f"{where}: cannot import {what} module '{target}' ({error})") from None
-        except Exception as error:  # the module's own error at import: one line naming it, not a traceback
-            raise KitError(f"{where}: {what} module '{target}' failed to import: {type(error).__name__}: "
-                           f"{error}") from None
-        source = target
-    if not hasattr(module, attribute):
-        available = public_callables(module)
-        near = closest(attribute, available)
-        noun = "function " if what == "reward" else ""
-        raise KitError(f"{where}: '{source}' has no {noun}'{attribute}'"
-                       f"{f'; did you mean {near[0]!r}?' if near else ''} (callables there: "
-                       f"{', '.join(available) or 'none'})")
-    return getattr(module, attribute), f"{source}:{attribute}"
-
-
-def public_callables(module) -> list[str]:
-    """The module's public callables: its `__all__` (else every name), submodules left out. A lazily loaded module
-    (TRL's `trl.rewards`) lists them all, not only those imported so far."""
-    names = getattr(module, "__all__", None) or dir(module)
-    found = []
-    for name in names:
-        if name.startswith("_"):
-            continue
-        try:
-            value = getattr(module, name)
-        except Exception:  # a lazy name whose import fails is not offered
-            continue
-        if callable(value) and not inspect.ismodule(value):
-            found.append(name)
-    return sorted(found)
-
-
-def load_file_module(path: Path, where: str, what: str = "reward"):
-    """A Python file imported as a module of its own, once per process and kind (a file may hold rewards and tools)."""
-    module_name = f"kit_{what}_file_{abs(hash(str(path.resolve())))}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # before running it, as an import would (dataclasses look it up)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as error:
-        del sys.modules[module_name]
-        raise KitError(f"{where}: {what} file '{path}' failed to import: {type(error).__name__}: {error}") from None
-    return module
 
 
 def normalize_spec(raw: Any, where: str) -> dict[str, Any]:

@@ -38,6 +38,13 @@ def data_file(tmp: Path, text: str, name: str = "d.jsonl") -> str:
     return str(path)
 
 
+def model_dir(tmp: Path) -> str:
+    """A directory with a config.json (what a reward_model path must be)."""
+    (tmp / "rm").mkdir(exist_ok=True)
+    (tmp / "rm" / "config.json").write_text("{}")
+    return str(tmp / "rm")
+
+
 @dataclass
 class Case:
     id: str
@@ -178,9 +185,6 @@ CASES = [
          "on_error must be one of raise, skip"),
         ({"name": "g", "type": "grpo", "data": str(DATA / "arithmetic_prompts.jsonl"), "rewards": "exact_match"},
          "rewards-not-list", "'rewards' must be a list of reward names or mappings"),
-        ({"name": "g", "type": "grpo", "data": str(DATA / "arithmetic_prompts.jsonl"),
-          "reward_model": {"stage": "rm", "weight": "x"}}, "reward-model-weight",
-         "reward_model.weight must be a number"),
         ({"name": "g", "type": "gspo", "data": str(DATA / "arithmetic_prompts.jsonl"), "rewards": ["exact_match"],
           "allow_on_policy": "yes"}, "allow-on-policy", "allow_on_policy must be true or false, got 'yes'"),
         ({"name": "g", "type": "gspo", "data": str(DATA / "arithmetic_prompts.jsonl"), "rewards": ["exact_match"],
@@ -234,6 +238,10 @@ CASES = [
         ({"name": "e", "type": "eval", "data": str(DATA / "arithmetic_eval.jsonl"), "generation": [4]},
          "generation-not-mapping", "generation must be a mapping"),
     ]],
+    # one fault only: a reward model directory that exists (a stage named `rm` would be a second fault, now named too)
+    Case("value-grpo-reward-model-weight", lambda t: ["run", recipe(t, stages=[
+        {"name": "g", "type": "grpo", "data": str(DATA / "arithmetic_prompts.jsonl"),
+         "reward_model": {"path": model_dir(t), "weight": "x"}}])], "reward_model.weight must be a number"),
     # --- datasets ------------------------------------------------------------------------------------------
     Case("data-path-missing", lambda t: ["run", with_stage(t, data=str(t / "none.jsonl"))], "none.jsonl",
          ["does not exist"]),

@@ -84,6 +84,7 @@ def test_gspo_adapter_reloads(trained):
 
 
 def test_on_policy_settings_are_refused_with_the_reason(tmp_path):
+    (tmp_path / "length_reward.py").write_text(LENGTH_REWARD)  # the recipe's reward file: its only fault is on-policy
     recipe = write_recipe(tmp_path / "r.yaml", stages(train={"steps_per_generation": 1}))
     result = run_cli("run", recipe, "--dry-run", expect=2)
     message = result.output.strip().splitlines()[-1]

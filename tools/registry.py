@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from kitcli.errors import KitError, closest
-from rewards.registry import conflicting, distribution_name, factory_args, load_named
+from rewards.modules import load_named
+from rewards.registry import conflicting, distribution_name, factory_args
 from rewards.registry import entry_points as entry_points_in
 
 ENTRY_POINT_GROUP = "kit.tools"

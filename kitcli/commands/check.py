@@ -31,15 +31,25 @@ def check_command(recipe: str, overrides: tuple[str, ...], signal: int | None, o
     from rich.console import Console
 
     from kitcli.recipe.load import load_recipe
-    from kitcli.run.check import check_recipe, enforce, findings_table
+    from kitcli.run.check import enforce, findings_table
+    from kitcli.run.preflight import check_before_running, print_notes
     from kitcli.run.runner import choose_run_dir
 
     if signal is not None and signal < 1:
         raise KitError(f"--signal {signal}: give the number of prompts to sample (at least 1), e.g. --signal 16")
-    loaded = load_recipe(recipe, list(overrides))
+    loaded = load_recipe(recipe, list(overrides), collect=True)
     console = Console(stderr=as_json, highlight=False)
     run_dir = choose_run_dir(loaded, output)
-    findings = check_recipe(loaded, run_dir=run_dir, console=console)
+    from kitcli import libraries
+
+    with libraries.library_output():  # the trainer configs are built as `kit run` builds them (Unsloth's prints)
+        checked = check_before_running(loaded, run_dir, console)
+    findings = checked.findings
+    if checked.faults:  # everything found, then every fault at once
+        if not as_json:
+            console.print(findings_table(findings, title=f"kit check {loaded.name}"))
+        print_notes(loaded, checked, console)
+        checked.raise_faults(loaded)
     figures = {}
     if signal:
         from kitcli import libraries
@@ -52,6 +62,7 @@ def check_command(recipe: str, overrides: tuple[str, ...], signal: int | None, o
         click.echo(json.dumps({"findings": [asdict(f) for f in findings], "signal": figures}, default=str))
     else:
         console.print(findings_table(findings, title=f"kit check {loaded.name}"))
+        print_notes(loaded, checked, console)
         for finding in findings:
             if finding.level == "warn":
                 console.print(f"warning: {finding.line()}", highlight=False, markup=False, soft_wrap=True)

@@ -48,7 +48,8 @@ def output_options(command):
 @click.group(cls=KitGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="kit")
 def main() -> None:
-    """kit: one-command LoRA post-training recipes (SFT, reward model, DPO, KTO, GRPO, GSPO, RLOO, PPO) on one GPU."""
+    """kit: one-command LoRA post-training recipes (SFT, reward model, DPO, KTO, ORPO, SimPO, GRPO, GSPO, RLOO, PPO,
+    distillation) on one GPU."""
 
 
 @main.command()
@@ -79,7 +80,7 @@ def run(recipe: str | None, from_lock: str | None, output: str | None, overrides
                        "not both or neither")
     recipe = recipe or from_lock
 
-    loaded = load_recipe(recipe, list(overrides))
+    loaded = load_recipe(recipe, list(overrides), collect=True)  # its faults are raised with every other one
     selected = selected_stages(loaded, until, [n.strip() for n in only.split(",") if n.strip()] if only else None)
     if not dry_run:
         part = (["--until", until] if until else []) + (["--only", only] if only else [])

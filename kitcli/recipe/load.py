@@ -42,6 +42,8 @@ class Recipe:
     data: dict[str, Any]
     source: str
     base_dir: Path = field(default_factory=Path.cwd)
+    notes: list[str] = field(default_factory=list)  # foreign names read as the kit's or ignored, one line each
+    faults: list[str] = field(default_factory=list)  # found with `collect=True`: the recipe is the one repaired
 
     @property
     def name(self) -> str:
@@ -116,7 +118,10 @@ def read_yaml(path: Path) -> Any:
         raise KitError(f"{path}: not valid YAML{where}: {problem}") from None
 
 
-def load_recipe(name_or_path: str, overrides: list[str] = ()) -> Recipe:
+def load_recipe(name_or_path: str, overrides: list[str] = (), *, collect: bool = False) -> Recipe:
+    """The validated recipe. Every fault of it is one line of a KitFaults (exit 2); with `collect`, a recipe whose
+    faults could all be set aside comes back repaired with them in `faults`, so that a caller checks the rest
+    (each stage's trainer config, data and rewards) and reports everything at once (kitcli/run/preflight.py)."""
     path = find_recipe(name_or_path)
     raw = read_yaml(path)
     if not isinstance(raw, dict):
@@ -125,9 +130,35 @@ def load_recipe(name_or_path: str, overrides: list[str] = ()) -> Recipe:
         if not isinstance(raw["recipe"], dict):
             raise KitError(f"{path}: the lock file's 'recipe' is not a mapping; the file is damaged")
         warn_version_drift(raw.get("versions") or {}, path)
-        raw = raw["recipe"]  # the resolved recipe a run recorded: paths are absolute already
+        raw, lock_notes = without_redacted(raw["recipe"], str(path))  # paths in it are absolute already
+    else:
+        lock_notes = []
     raw = apply_overrides(raw, overrides, str(path))
-    return validate_recipe(raw, str(path), path.resolve().parent)
+    recipe = validate_recipe(raw, str(path), path.resolve().parent, collect=collect)
+    recipe.notes[:0] = lock_notes
+    return recipe
+
+
+def without_redacted(raw: Any, source: str, place: str = "") -> tuple[Any, list[str]]:
+    """A lock's recipe without the credentials it did not store (`<redacted>`): the rerun reads them where the first
+    run could have (the environment: HF_TOKEN), and a note says so."""
+    from kitcli.rundir import REDACTED
+
+    if isinstance(raw, list):
+        pairs = [without_redacted(item, source, f"{place}[{index}]") for index, item in enumerate(raw)]
+        return [item for item, _ in pairs], [note for _, notes in pairs for note in notes]
+    if not isinstance(raw, dict):
+        return raw, []
+    kept, notes = {}, []
+    for key, value in raw.items():
+        where = f"{place}.{key}" if place else str(key)
+        if value == REDACTED:
+            notes.append(f"{source}: {where} is a credential the lock does not store; the rerun goes without it "
+                         f"(give it through the environment, e.g. HF_TOKEN)")
+            continue
+        kept[key], more = without_redacted(value, source, where)
+        notes += more
+    return kept, notes
 
 
 def is_lock(raw: dict) -> bool:
@@ -197,21 +228,42 @@ def _stage_by_name(stages: list, name: str, item: str, source: str) -> dict:
                    f"(stages: {', '.join(map(str, names))})")
 
 
-def validate_recipe(raw: dict, source: str, base_dir: Path) -> Recipe:
-    """The recipe as the kit runs it: every key checked (kitcli/recipe/schema.py), defaults filled in, paths
-    resolved."""
+def validate_recipe(raw: dict, source: str, base_dir: Path, *, collect: bool = False) -> Recipe:
+    """The recipe as the kit runs it: foreign names read as the kit's (kitcli/recipe/foreign_names.py), every key
+    checked (kitcli/recipe/schema.py), defaults filled in, paths resolved. Every fault is found: a faulty key is set
+    aside and the rest validated again (kitcli/recipe/faults.py), so the rules behind it are checked too."""
     from pydantic import ValidationError
 
+    from kitcli.errors import KitFaults
     from kitcli.recipe import stage_types
+    from kitcli.recipe.faults import fault_lines, is_consequence, set_aside
+    from kitcli.recipe.foreign_names import translate_foreign
     from kitcli.recipe.schema import recipe_model
 
     specs = stage_types.specs()
     model = recipe_model(specs)
-    try:
-        typed = model.model_validate(raw, context={"base_dir": base_dir})
-    except ValidationError as error:
-        raise KitError(describe_error(error, raw, source, model, specs)) from None
-    return Recipe(data=normalized(typed, raw, source), source=source, base_dir=base_dir)
+    raw, notes, foreign = translate_foreign(raw, source)
+    faults = [f"{source}: {line}" for line in foreign]
+    attempt, typed, touched = raw, None, set()
+    for _ in range(MAX_REPAIRS):
+        try:
+            typed = model.model_validate(attempt, context={"base_dir": base_dir})
+            break
+        except ValidationError as error:
+            faults += [line for loc, line in fault_lines(error, attempt, source, model, specs)
+                       if line not in faults and not is_consequence(loc, touched, specs)]
+            attempt = set_aside(attempt, error, model, specs, touched)
+            if attempt is None:
+                break
+    stage_names = [str(s.get("name") or s.get("type")) for s in raw.get("stages") or [] if isinstance(s, dict)] \
+        if isinstance(raw, dict) else []
+    if typed is None or (faults and not collect):
+        raise KitFaults(faults, source, stage_names)
+    return Recipe(data=normalized(typed, attempt, source), source=source, base_dir=base_dir,
+                  notes=[f"{source}: {line}" for line in notes], faults=faults)
+
+
+MAX_REPAIRS = 8  # validation passes, each setting aside the keys the one before faulted
 
 
 def normalized(typed, raw: dict, source: str) -> dict[str, Any]:
@@ -239,6 +291,7 @@ def validate_model(raw: Any, source: str, base_dir: Path) -> dict[str, Any]:
     """A `model:` value on its own (`kit eval MODEL`): the same checks as in a recipe."""
     from pydantic import ValidationError
 
+    from kitcli.recipe.faults import describe_error
     from kitcli.recipe.schema import ModelSpec
 
     try:
@@ -251,161 +304,13 @@ def validate_data_spec(raw: Any, where: str, base_dir: Path) -> dict[str, Any]:
     """A dataset value on its own (`kit eval --data`): the same checks as in a recipe."""
     from pydantic import ValidationError
 
+    from kitcli.recipe.faults import describe_error
     from kitcli.recipe.schema import DataSpec
 
     try:
         return DataSpec.model_validate(raw, context={"base_dir": base_dir}).model_dump()
     except ValidationError as error:
         raise KitError(describe_error(error, {"data": raw}, where, None, {}, prefix=("data",))) from None
-
-
-# --- one line per fault -------------------------------------------------------------------------------------------
-
-TYPE_WORDS = {"int_type": "an integer", "int_parsing": "an integer", "float_type": "a number",
-              "float_parsing": "a number", "bool_type": "true or false", "bool_parsing": "true or false",
-              "string_type": "a string", "dict_type": "a mapping", "list_type": "a list", "model_type": "a mapping",
-              "model_attributes_type": "a mapping", "none_required": "null"}
-MISSING_HINTS = {"data": "give a dataset path (JSONL/JSON/CSV/Parquet) or hub name", "name": "give its name",
-                 "path": "give a path"}
-
-
-def section_at(root, loc: tuple, specs: dict):
-    """The pydantic model a location points into (None for a scalar), e.g. ('stages', 0, 'sft', 'data') ->
-    DataSpec; a stage type in the location is the union's tag and stands for that type's section."""
-    import typing
-
-    from pydantic import BaseModel
-
-    def inner_model(annotation):
-        for candidate in (annotation, *typing.get_args(annotation)):
-            for inner in (candidate, *typing.get_args(candidate)):
-                if isinstance(inner, type) and issubclass(inner, BaseModel):
-                    return inner
-        return None
-
-    current = root
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        if current is not None and part in current.model_fields:
-            current = inner_model(current.model_fields[part].annotation)
-        elif part in specs:  # the tag of the stage union
-            current = specs[part].section
-        else:
-            return None
-    return current
-
-
-def without_branches(loc: tuple, root, specs: dict) -> tuple:
-    """A location without the tags pydantic adds for the alternatives of a union (`list[str]`, `str`, ...)."""
-    kept: list = []
-    for part in loc:
-        if isinstance(part, str) and part not in specs and root is not None:
-            parent = section_at(root, tuple(kept), specs)
-            if parent is not None and part not in parent.model_fields:
-                continue
-            if parent is None and kept and not isinstance(kept[-1], int) and ("[" in part or part in TYPE_NAMES):
-                continue
-        kept.append(part)
-    return tuple(kept)
-
-
-TYPE_NAMES = {"str", "int", "float", "bool", "dict", "list", "none"}
-
-
-def field_is_integer(root, loc: tuple, specs: dict) -> bool | None:
-    """Whether the field at `loc` is declared an int (True), a float (False), or unknown (None)."""
-    parent = section_at(root, loc[:-1], specs) if root is not None else None
-    if parent is None or loc[-1] not in parent.model_fields:
-        return None
-    text = str(parent.model_fields[loc[-1]].annotation)
-    return "int" in text and "float" not in text
-
-
-def describe_error(error, raw: dict, source: str, model, specs: dict, prefix: tuple = ()) -> str:
-    """The first fault of a pydantic ValidationError, in the kit's words."""
-    errors = error.errors(include_url=False)
-    first = errors[0]
-
-    def place(e) -> tuple:
-        full = (*prefix, *e["loc"])
-        if e["type"] in ("extra_forbidden", "missing"):  # the last part is the key in question, not a branch
-            return (*without_branches(full[:-1], model, specs), full[-1])
-        return without_branches(full, model, specs)
-
-    loc = place(first)
-    same_place = [e for e in errors if place(e) == loc]
-    if len(same_place) > 1 and all(e["type"] in TYPE_WORDS for e in same_place):  # every alternative of a union
-        first = {**first, "type": "union", "ctx": {"expected": " or ".join(
-            dict.fromkeys(TYPE_WORDS[e["type"]] for e in same_place))}}
-    kind, context, given = first["type"], first.get("ctx") or {}, first.get("input")
-    where: list[str] = []
-    path = list(loc)
-    if path[:1] == ["stages"] and len(path) >= 2 and isinstance(path[1], int):
-        stages = raw.get("stages") or []
-        stage = stages[path[1]] if path[1] < len(stages) else {}
-        where.append(f"stage '{stage_label(stage, path[1])}'")
-        path = path[2:]
-        if path and isinstance(stage, dict) and path[0] == stage.get("type"):
-            path = path[1:]  # the union's tag
-    if kind == "kit":
-        message = context["message"]
-        if context.get("where") is not None:
-            place = context["where"] if not where or context["where"].startswith("stage") else where[0]
-            return f"{source}: {place}: {message}" if place else f"{source}: {message}"
-        section = section_at(model, tuple(loc[:-1]), specs) if model is not None else None
-        if path and section is not None and path[-1] in section.model_fields and \
-                section_at(model, tuple(loc), specs) is None:
-            path = path[:-1]  # a scalar field's own message names it
-        place = ": ".join([*where, ".".join(map(str, path))] if path else where)
-        return f"{source}: {place}: {message}" if place else f"{source}: {message}"
-    dotted = ".".join(str(p) for p in path)
-    if kind == "extra_forbidden":
-        parent = section_at(model, tuple(loc[:-1]), specs) if model is not None else None
-        allowed = sorted(parent.model_fields) if parent is not None else []
-        key = str(loc[-1])
-        noun = "generation key" if parent is not None and parent.__name__ == "GenerationSpec" else "key"
-        place = ": ".join([*where, ".".join(map(str, path[:-1]))] if path[:-1] else where)
-        message = (f"unknown {noun} '{key}'{did_you_mean(key, allowed)}" +
-                   (f" (allowed: {', '.join(allowed)})" if allowed else ""))
-        return f"{source}: {place}: {message}" if place else f"{source}: {message}"
-    if kind == "missing":
-        key = str(loc[-1])
-        place = ": ".join([*where, ".".join(map(str, path[:-1]))] if path[:-1] else where)
-        hint = f"; {MISSING_HINTS[key]}" if key in MISSING_HINTS else ""
-        message = f"'{key}' is missing{hint}"
-        return f"{source}: {place}: {message}" if place else f"{source}: {message}"
-    subject = f"'{dotted}'" if len(path) == 1 and not where else dotted
-    expected = expectation(kind, context, given, field_is_integer(model, loc, specs))
-    message = f"{subject} must be {expected}, got {given!r}"
-    return f"{source}: {': '.join(where)}: {message}" if where else f"{source}: {message}"
-
-
-def stage_label(stage: Any, index: int) -> str:
-    if isinstance(stage, dict):
-        return str(stage.get("name") or stage.get("type") or f"stages[{index}]")
-    return f"stages[{index}]"
-
-
-def expectation(kind: str, context: dict, given: Any, integer: bool | None = None) -> str:
-    if kind == "union":
-        return context["expected"]
-    if kind in TYPE_WORDS:
-        return TYPE_WORDS[kind]
-    if kind == "literal_error":
-        expected = str(context.get("expected", ""))
-        return "one of " + expected.replace("' or '", ", ").replace("', '", ", ").replace("'", "")
-    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        bound = next(iter(v for k, v in context.items() if k in ("gt", "ge", "lt", "le")))
-        if integer is None:
-            integer = isinstance(given, int) and not isinstance(given, bool)
-        if integer and ((kind == "greater_than" and bound == 0) or (kind == "greater_than_equal" and bound == 1)):
-            return "a positive integer"
-        symbol = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
-        return f"{'an integer' if integer else 'a number'} {symbol} {bound:g}"
-    if kind == "too_short":
-        return "non-empty"
-    return kind.replace("_", " ")
 
 
 def recipe_for_single_stage(stage_type: str, model: str, data: str, overrides: list[str]) -> Recipe:

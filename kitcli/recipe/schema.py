@@ -19,16 +19,13 @@ from pydantic_core import PydanticCustomError
 
 from kitcli.errors import KitError, did_you_mean
 from kitcli.recipe.held_out_spec import HeldOutSpec
+from kitcli.recipe.stage_rules import check_stage_references, fail, misplaced_keys, stage_name
 from kitcli.recipe.stage_spec import StageSpec
 
+ALL_LINEAR = "all-linear"  # PEFT's shorthand (peft/utils/constants.py, INCLUDE_LINEAR_LAYERS_SHORTHAND)
 DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 RESERVED_TRAIN = {"output_dir": "checkpoints go to the stage folder", "seed": "set the recipe's top-level seed"}
-
-
-def fail(message: str, where: str | None = None) -> PydanticCustomError:
-    """A fault with the kit's own one-line message (`where` replaces the key path the error is found at)."""
-    return PydanticCustomError("kit", "{message}", {"message": message, "where": where})
 
 
 class Section(BaseModel):
@@ -110,6 +107,10 @@ class ModelSpec(Section):
     backend: Literal["auto", "unsloth", "transformers"] = Field("auto", description="Who loads the model.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Weight dtype.")
     trust_remote_code: bool = Field(False, description="Run the model repository's own Python code.")
+    chat_template: str | None = Field(None, description="The chat template every stage, eval, chat, generate and "
+                                                        "export use: a name Unsloth's get_chat_template knows "
+                                                        "(chatml, llama-3.1, qwen-2.5, ...), a Jinja string, or a "
+                                                        "file holding one. Unset: the tokenizer's own.")
 
     @model_validator(mode="before")
     @classmethod
@@ -121,6 +122,17 @@ class ModelSpec(Section):
     def resolve(cls, name: str, info: ValidationInfo) -> str:
         return resolve_model_name(name, base_dir_of(info))
 
+    @field_validator("chat_template", mode="after")
+    @classmethod
+    def check_chat_template(cls, value: str | None, info: ValidationInfo) -> str | None:
+        from kitcli.models.chat_template import resolve_chat_template  # a file becomes its absolute path
+
+        try:
+            return None if value is None else resolve_chat_template(value, base_dir_of(info),
+                                                                    info.data.get("backend", "auto"))
+        except KitError as error:
+            raise fail(str(error), where="model.chat_template") from None
+
 
 class LoraSpec(Section):
     """The LoRA adapter every stage trains (`lora: false`: full fine-tuning)."""
@@ -130,6 +142,18 @@ class LoraSpec(Section):
     dropout: Annotated[float, Field(ge=0, lt=1)] = Field(0.0, description="LoRA dropout.")
     target_modules: list[str] | str = Field(default_factory=lambda: list(DEFAULT_TARGETS),
                                             description="Module names to adapt, or 'all-linear'.")
+
+    @field_validator("target_modules", mode="after")
+    @classmethod
+    def shorthand_alone(cls, targets: list[str] | str) -> list[str] | str:
+        """PEFT reads its 'all-linear' shorthand only as the whole value (a list holding it names a module called
+        'all-linear', which no model has): [all-linear] is read as all-linear; beside other names it is refused."""
+        if isinstance(targets, list) and ALL_LINEAR in (t.lower() for t in targets):
+            if len(targets) > 1:
+                raise fail(f"'{ALL_LINEAR}' adapts every linear layer, so it stands alone: give "
+                           f"target_modules: {ALL_LINEAR}, or a list of module names without it")
+            return ALL_LINEAR
+        return targets
 
 
 class DataSpec(Section):
@@ -259,20 +283,25 @@ class TrainingSection(StageSection):
 
 
 def check_train(config: str | None, train: dict[str, Any], reserved: dict[str, str]) -> None:
-    """Every `train:` key is a field of the stage's config, of the right type and in the kit's range."""
+    """Every `train:` key is a field of the stage's config, of the right type and in the kit's range: every faulty
+    key is named (one line each), and set aside for the rest of the check (kitcli/recipe/faults.py)."""
     if config is None:
         return
     from kitcli.recipe.config_fields import check_value, config_fields
 
     names = config_fields(config)
+    faults: dict[str, str] = {}
     for key, value in train.items():
         if key in reserved:
-            raise fail(f"train.{key} is set by the kit ({reserved[key]}); remove it")
-        if key not in names:
-            raise fail(f"train.{key} is not a {config} field{did_you_mean(key, names)}")
-        expected = check_value(config, key, value)
-        if expected is not None:
-            raise fail(f"{config} rejected the train settings: train.{key} must be {expected}, got {value!r}")
+            faults[key] = f"train.{key} is set by the kit ({reserved[key]}); remove it"
+        elif key not in names:
+            faults[key] = f"train.{key} is not a {config} field{did_you_mean(key, names)}"
+        elif (expected := check_value(config, key, value)) is not None:
+            faults[key] = f"{config} rejected the train settings: train.{key} must be {expected}, got {value!r}"
+    if faults:
+        messages = list(faults.values())
+        raise PydanticCustomError("kit", "{message}", {"message": messages[0], "where": None, "more": messages[1:],
+                                                       "keys": list(faults)})
 
 
 class RewardedSection(TrainingSection):
@@ -301,27 +330,6 @@ class RewardedSection(TrainingSection):
 
 
 # --- the whole recipe ---------------------------------------------------------------------------------------------
-
-def stage_name(stage: Any, index: int) -> str:
-    if isinstance(stage, dict):
-        return str(stage.get("name") or stage.get("type") or f"stages[{index}]")
-    return f"stages[{index}]"
-
-
-def misplaced_keys(stage: dict[str, Any], specs: dict[str, StageSpec], where: str) -> None:
-    """`filter:`, `tools:` or `environment:` on a stage type without them: one line naming the types with them."""
-    for key in ("filter", "tools", "environment"):
-        if key not in stage or key in specs[stage["type"]].section.model_fields:
-            continue
-        takers = ", ".join(t for t, spec in specs.items() if key in spec.section.model_fields) or "no"
-        if key == "filter":
-            raise fail(f"filter: keeps prompts by the starting policy's pass rate, so it belongs to a stage that "
-                       f"samples completions ({takers}), not to a {stage['type']} stage; remove it", where=where)
-        why = specs[stage["type"]].refused_keys.get(key)
-        why = f" ({why})" if why else ""
-        raise fail(f"{key}: lets the model call tools while it generates, which only {takers} stages support; a "
-                   f"{stage['type']} stage cannot use them{why}; remove it", where=where)
-
 
 def recipe_model(specs: dict[str, StageSpec]) -> type[BaseModel]:
     """The pydantic model of a recipe whose stages are these types (a union discriminated by `type`)."""
@@ -387,43 +395,3 @@ def recipe_model(specs: dict[str, StageSpec]) -> type[BaseModel]:
             return self
 
     return Recipe
-
-
-def check_stage_references(stages: list[StageSection], specs: dict[str, StageSpec]) -> None:
-    """Stage names are unique folder names; `init:` names an earlier stage whose output the stage can start from;
-    `reward_model: {stage}` an earlier stage whose output is a scorer."""
-    earlier: dict[str, str] = {}
-    for stage in stages:
-        name = stage.name or stage.type
-        where = f"stage '{name}'"
-        if name in earlier:
-            raise fail("the name is used by an earlier stage; stage names must be unique", where=where)
-        if "/" in name or name.startswith("."):
-            raise fail("a stage name becomes a folder name; use letters, digits, '-' and '_'", where=where)
-        spec = specs[stage.type]
-        if stage.init is not None:
-            if stage.init not in earlier:
-                later = f"; it must name an earlier stage ({', '.join(earlier) or 'there is none'})"
-                raise fail(f"init '{stage.init}' is not an earlier stage{did_you_mean(stage.init, earlier)}{later}",
-                           where=where)
-            source = specs[earlier[stage.init]]
-            if source.output == "none":
-                raise fail(f"init '{stage.init}' is an {source.type} stage, which saves no model; name a training "
-                           f"stage", where=where)
-            if source.output not in spec.init_from:
-                allowed = [t for t, s in specs.items() if s.output in spec.init_from]
-                extra = " (a reward model goes in reward_model:)" if source.output == "scorer" else ""
-                raise fail(f"init '{stage.init}' is a {source.type} stage, whose output is a {source.output}; a "
-                           f"{stage.type} stage starts from a {' or '.join(spec.init_from)}: name an earlier "
-                           f"{'/'.join(allowed)} stage{extra}", where=where)
-        reward_model = getattr(stage, "reward_model", None)
-        if reward_model is not None and reward_model.stage is not None:
-            if reward_model.stage not in earlier:
-                raise fail(f"reward_model '{reward_model.stage}' is not an earlier stage"
-                           f"{did_you_mean(reward_model.stage, earlier)}; name a reward stage that runs before this "
-                           f"one", where=where)
-            source = specs[earlier[reward_model.stage]]
-            if source.output != "scorer":
-                raise fail(f"reward_model '{reward_model.stage}' is a {source.type} stage; name an earlier stage of "
-                           f"type reward (a policy to start from goes in init:)", where=where)
-        earlier[name] = stage.type

@@ -17,18 +17,20 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import re
 import weakref
 from pathlib import Path
 from typing import Any
 
-from kitcli.errors import KitError
+from kitcli.errors import KitError, faults_of
+from kitcli.models.chat_template import with_template_text
 from kitcli.recipe import stage_types
 from kitcli.recipe.load import Recipe
 from kitcli.recipe.stage_context import StageContext
+from kitcli.run.batch_check import batch_findings
 from kitcli.run.findings import Finding, cut_finding
 from kitcli.run.reward_check import best_checkpoint_findings, reward_findings
+from kitcli.run.settings_check import kit_default_findings, position_findings, unused_findings
 from kitcli.run.speed_check import speed_findings
 from kitcli.run.tool_check import row_schemas, tool_length_findings
 from kitcli.training.tool_use import stage_schemas
@@ -234,55 +236,6 @@ def length_findings(ctx: StageContext, rows: list[dict[str, Any]], values: dict[
     return found
 
 
-def steps_per_epoch_rl(rows: int, values: dict[str, Any], world: int) -> float:
-    completions = rows * values["num_generations"]
-    per_step = values["per_device_train_batch_size"] * values["gradient_accumulation_steps"] * world
-    return completions / per_step * values.get("num_iterations", 1)
-
-
-def batch_findings(ctx: StageContext, rows: int, values: dict[str, Any]) -> list[Finding]:
-    from kitcli import dist
-
-    stage, spec, world = ctx.name, stage_types.spec(ctx.stage["type"]), dist.world_size()
-    if spec.evaluates or "per_device_train_batch_size" not in values:
-        return []
-    per, accum = values["per_device_train_batch_size"], values["gradient_accumulation_steps"]
-    found = []
-    if spec.groups:
-        generations = values["num_generations"]
-        batch = values.get("generation_batch_size") or per * values.get("steps_per_generation", accum) * world
-        per_epoch = steps_per_epoch_rl(rows, values, world)
-        found.append(Finding(stage, "generation batch", "ok" if batch % generations == 0 else "warn",
-                             f"{batch} completions = {batch // max(1, generations)} prompts x num_generations "
-                             f"{generations}; {world} process(es)",
-                             "whole groups" if batch % generations == 0 else "num_generations does not divide it"))
-    else:
-        per_epoch = math.ceil(math.ceil(rows / (per * world)) / accum)
-    max_steps = values.get("max_steps") or -1
-    total = max_steps if max_steps > 0 else math.ceil(float(values.get("num_train_epochs", 1)) * per_epoch)
-    epochs = total / per_epoch if per_epoch else 0
-    figures = f"{rows} rows, {per_epoch:g} steps per epoch, {total} steps ({epochs:.2f} epochs)"
-    if ctx.stage.get("filter"):  # how many it keeps is known only once the starting policy is sampled
-        figures += (" before the filter, which keeps only the prompts the starting policy passes sometimes (--signal "
-                    "or the run's filter says how many)")
-    if total <= 0:
-        found.append(Finding(stage, "steps", "warn", figures, "trains zero steps; set train.max_steps or give "
-                                                                   "more rows"))
-    elif epochs < 0.5 and max_steps > 0:
-        found.append(Finding(stage, "steps", "info", figures, f"sees {epochs:.0%} of the rows once"))
-    else:
-        found.append(Finding(stage, "steps", "ok", figures, "trains"))
-    warmup = values.get("warmup_steps") or 0
-    warmup = warmup * total if isinstance(warmup, float) and warmup < 1 else warmup
-    warmup = max(warmup, (values.get("warmup_ratio") or 0) * total)
-    if total > 0 and warmup:
-        share = warmup / total
-        found.append(Finding(stage, "warm-up", "warn" if share > 0.3 else "ok", f"{warmup:g} of {total} steps",
-                             f"{share:.0%} of training at a reduced learning rate" +
-                             ("; lower warmup_steps" if share > 0.3 else "")))
-    return found
-
-
 def opened_tags(text: str) -> list[str]:
     """Tags a text opens and does not close, e.g. a generation prompt ending in `<think>\\n`."""
     return [t for t in re.findall(r"<([A-Za-z_][\w-]*)>", text) if f"</{t}>" not in text]
@@ -364,48 +317,71 @@ def filter_findings(ctx: StageContext, rows: list[dict[str, Any]], rewards: list
 
 # --- running them ------------------------------------------------------------------------------------------------
 
-def check_recipe(recipe: Recipe, run_dir: Path | None = None, console=None) -> list[Finding]:
-    """Every cheap finding of every stage, in stage order."""
+def check_recipe(recipe: Recipe, run_dir: Path | None = None, console=None,
+                 faults: list[str] | None = None, faulted: frozenset[str] = frozenset()) -> list[Finding]:
+    """Every cheap finding of every stage, in stage order. A stage's fault (a reward that does not resolve, rows
+    without a column) is raised, or with `faults` added to it and the next stage checked (kitcli/run/preflight.py).
+    `faulted`: stages whose description already faulted (their data unreadable, say): what else their check finds
+    is added, and a failure that follows from the fault already named is not a second one."""
     from rich.console import Console
 
     console = console or Console(quiet=True)
     run_dir = run_dir or Path("runs") / f"{recipe.name}-CHECK"
-    tokenizer = load_tokenizer(recipe.data["model"]["name"])
+    tokenizer = with_template_text(load_tokenizer(recipe.data["model"]["name"]), recipe.data["model"]["chat_template"])
     outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
     found: list[Finding] = []
-    if tokenizer is None:  # the rewards still resolve: that needs no model
-        for stage in recipe.stages:
-            ctx = StageContext(recipe, stage, run_dir, console, outputs)
-            found += reward_findings(ctx, stage_rows(ctx))[0]
-        return found + [Finding("model", "tokenizer", "info", recipe.data["model"]["name"],
-                                "its tokenizer is not available here (offline?), so lengths were not measured")]
-    render = Renderer(tokenizer)
     for stage in recipe.stages:
         ctx = StageContext(recipe, stage, run_dir, console, outputs)
-        rows = stage_rows(ctx)
-        resolved, rewards = reward_findings(ctx, rows)
-        found += resolved
-        if rows is None:
-            if stage.get("data"):  # an eval stage with tasks: (lm-eval benchmarks) has no data
-                found.append(Finding(ctx.name, "data", "info", stage["data"]["path"], "a hub dataset: read when it "
-                                                                                      "runs"))
-            continue
-        values = resolved_values(ctx) if not stage_types.spec(stage["type"]).evaluates else {}
-        generation = {"max_new_tokens": 32, **(stage.get("generation") or {})}
-        template = template_findings(ctx, rows, render)
-        schemas, measured = stage_schemas(ctx), evenly_spaced(rows, LENGTH_ROWS)
-        if any(f.topic == "chat template" for f in template):  # conversations it cannot render: not measured
-            pass
-        elif schemas:
-            found += tool_length_findings(ctx, measured, values, render, generation, schemas)
-        else:
-            found += length_findings(ctx, measured, values, render, generation)
-        if len(measured) < len(rows):
-            found.append(Finding(ctx.name, "lengths", "info", f"{len(measured):,} of {len(rows):,} rows, evenly "
-                                                              f"spaced", "lengths measured on a sample (the shares "
-                                                                         "cut are estimates)"))
-        found += batch_findings(ctx, len(rows), values) + best_checkpoint_findings(ctx, values)
-        found += template + filter_findings(ctx, rows, rewards) + speed_findings(ctx)
+        try:
+            found += stage_findings(ctx, tokenizer)
+        except KitError as error:
+            if faults is None:
+                raise
+            faults += faults_of(error)
+        except Exception:  # only where a fault of the stage was already named
+            if ctx.name not in faulted:
+                raise
+    if tokenizer is None:
+        found.append(Finding("model", "tokenizer", "info", recipe.data["model"]["name"],
+                             "its tokenizer is not available here (offline?), so lengths were not measured"))
+    return found
+
+
+def stage_findings(ctx: StageContext, tokenizer) -> list[Finding]:
+    """One stage's cheap findings (only its rewards without a tokenizer: they need no model)."""
+    stage = ctx.stage
+    found: list[Finding] = []
+    if tokenizer is None:
+        found = reward_findings(ctx, stage_rows(ctx))[0]
+        return found + ([] if stage_types.spec(stage["type"]).evaluates else kit_default_findings(ctx))
+    render = Renderer(tokenizer)
+    rows = stage_rows(ctx)
+    resolved, rewards = reward_findings(ctx, rows)
+    found += resolved
+    if rows is None:
+        if stage.get("data"):  # an eval stage with tasks: (lm-eval benchmarks) has no data
+            found.append(Finding(ctx.name, "data", "info", stage["data"]["path"], "a hub dataset: read when it "
+                                                                                  "runs"))
+        return found
+    values = resolved_values(ctx) if not stage_types.spec(stage["type"]).evaluates else {}
+    generation = {"max_new_tokens": 32, **(stage.get("generation") or {})}
+    template = template_findings(ctx, rows, render)
+    schemas, measured = stage_schemas(ctx), evenly_spaced(rows, LENGTH_ROWS)
+    if any(f.topic == "chat template" for f in template):  # conversations it cannot render: not measured
+        pass
+    elif schemas:
+        found += tool_length_findings(ctx, measured, values, render, generation, schemas)
+    else:
+        found += length_findings(ctx, measured, values, render, generation)
+    if len(measured) < len(rows):
+        found.append(Finding(ctx.name, "lengths", "info", f"{len(measured):,} of {len(rows):,} rows, evenly "
+                                                          f"spaced", "lengths measured on a sample (the shares "
+                                                                     "cut are estimates)"))
+    found += batch_findings(ctx, len(rows), values) + best_checkpoint_findings(ctx, values)
+    found += template + filter_findings(ctx, rows, rewards) + speed_findings(ctx)
+    if values:  # a training stage: what it sets that nothing reads, lengths beyond the positions, the kit's defaults
+        found += unused_findings(ctx, rows, values) + position_findings(ctx, values, tokenizer)
+        found += kit_default_findings(ctx)
     return found
 
 
@@ -428,18 +404,3 @@ def enforce(findings: list[Finding], strict: bool, source: str) -> None:
         more = f" (and {len(warnings) - 1} more)" if len(warnings) > 1 else ""
         raise KitError(f"{source}: kit check (strict): {warnings[0].line()}{more}; fix it, or drop --strict / "
                        f"check: strict to make findings warnings")
-
-
-def pre_run_check(recipe: Recipe, console, *, as_comments: bool = False) -> list[Finding]:
-    """What `kit run` does before its first stage: the cheap check, its warnings printed (as YAML comments in a
-    dry run), an error under `check: strict`."""
-    findings = check_recipe(recipe, console=console)
-    warnings = [f for f in findings if f.level == "warn"]
-    prefix = "# " if as_comments else ""
-    console.print(f"{prefix}kit check: {len(findings)} checks, {len(warnings)} warnings"
-                  f"{'' if warnings else ' (kit check ' + recipe.source + ' shows them all)'}",
-                  highlight=False, markup=False, soft_wrap=True)
-    for finding in warnings:
-        console.print(f"{prefix}  {finding.line()}", highlight=False, markup=False, soft_wrap=True)
-    enforce(findings, recipe.data.get("check") == "strict", recipe.source)
-    return findings

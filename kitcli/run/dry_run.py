@@ -9,22 +9,25 @@ from typing import Any
 import yaml
 from rich.console import Console
 
+from kitcli.models.chat_template import with_template_text
 from kitcli.recipe import stage_types
 from kitcli.recipe.load import Recipe
-from kitcli.run.check import pre_run_check
-from kitcli.run.runner import preflight
+from kitcli.run.preflight import preflight
+from kitcli.training.trl_config import CHANGED
 
 
 def dry_run(recipe: Recipe, console: Console) -> None:
     """Print every stage's resolved configuration (the TRL config values after the kit's defaults)."""
-    described = preflight(recipe, Path("runs") / f"{recipe.name}-DRYRUN", console)
-    pre_run_check(recipe, console, as_comments=True)  # kit check's cheap part, as YAML comments
+    described = preflight(recipe, Path("runs") / f"{recipe.name}-DRYRUN", console, as_comments=True).described
     header = {k: recipe.data[k] for k in ("name", "seed", "model", "lora")}
     console.print(yaml.safe_dump(header, sort_keys=False).rstrip(), highlight=False, markup=False)
     for index, (stage, resolved) in enumerate(zip(recipe.stages, described), start=1):
         console.print(f"\n# stage {index}/{len(recipe.stages)}: {stage['name']} ({stage['type']})",
                       highlight=False, markup=False)
-        console.print(yaml.safe_dump(resolved, sort_keys=False, default_flow_style=None).rstrip(),
+        for note in resolved.get(CHANGED, ()):  # what the kit changed from the recipe, as comments (and in the lock)
+            console.print(f"# changed from the recipe: {note}", highlight=False, markup=False, soft_wrap=True)
+        shown = {key: value for key, value in resolved.items() if key != CHANGED}
+        console.print(yaml.safe_dump(shown, sort_keys=False, default_flow_style=None).rstrip(),
                       highlight=False, markup=False)
         example = formatted_example(recipe, stage)
         if example:  # as YAML comments, so the dry run's output stays YAML
@@ -49,7 +52,7 @@ def formatted_example(recipe: Recipe, stage: dict[str, Any]) -> str | None:
     keys = [k for k in (("prompt",) if generates else ("prompt", "completion", "chosen", "rejected", "messages",
                                                          "text")) if k in row]
     row = apply_system_prompt([{k: row[k] for k in keys}], stage.get("system_prompt"), stage["name"], spec["path"])[0]
-    tokenizer = local_tokenizer(recipe.data["model"]["name"])
+    tokenizer = with_template_text(local_tokenizer(recipe.data["model"]["name"]), recipe.data["model"]["chat_template"])
     if tokenizer is None or getattr(tokenizer, "chat_template", None) is None:
         return yaml.safe_dump(row, sort_keys=False, allow_unicode=True).rstrip()
     parts = []

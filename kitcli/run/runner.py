@@ -29,12 +29,11 @@ from kitcli import __version__, dist, libraries
 from kitcli.data.rows import fingerprint
 from kitcli.display.dashboard import emit_json, stage_display
 from kitcli.errors import KitError
-from kitcli.models.backend import check_model_reachable
 from kitcli.recipe import stage_types
 from kitcli.recipe.load import Recipe
 from kitcli.recipe.stage_context import StageContext
 from kitcli.records import first_difference
-from kitcli.run.check import pre_run_check
+from kitcli.run.preflight import preflight
 from kitcli.run.selection import check_selected_inputs
 from kitcli.rundir import WRITER_LOCK_NAME, RunDir, WriterLock, redact
 from kitcli.training import interrupt
@@ -73,8 +72,12 @@ def dataset_fingerprints(recipe: Recipe) -> dict[str, str]:
 
 
 def make_lock(recipe: Recipe) -> dict[str, Any]:
+    """What `kit run --from-lock` reruns exactly: every value of the recipe (`lora: false` kept false, a tokenizer's
+    tokens kept; only credentials redacted), and what the kit read or changed (notes)."""
+    data = {**recipe.data, "lora": recipe.data["lora"] if recipe.data["lora"] is not None else False}
     return {
-        "recipe": redact(recipe.data),
+        "recipe": redact(data),
+        **({"notes": list(recipe.notes)} if recipe.notes else {}),
         "source": recipe.source,
         "seed": recipe.data["seed"],
         "datasets": dataset_fingerprints(recipe),
@@ -171,14 +174,6 @@ def check_resumable_stages(recipe: Recipe, run_dir: Path, existing: dict[str, An
         check_lora_shape(checkpoint, stage_lora(ctx), ctx.where)
 
 
-def preflight(recipe: Recipe, run_dir: Path, console: Console) -> list[dict[str, Any]]:
-    """Validate every stage (data, columns, TRL config fields) before anything trains; returns the
-    resolved configuration of each stage. No model is loaded."""
-    outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
-    return [stage_module(stage["type"]).describe(StageContext(recipe, stage, run_dir, console, outputs))
-            for stage in recipe.stages]
-
-
 def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Console, no_lock: bool = False,
                selected: list[str] | None = None) -> Path:
     """Run the recipe's stages in their run directory, which this process holds (WriterLock) from before its first
@@ -229,12 +224,10 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path, lock: dict[str, Any], *, forc
                     writer: WriterLock | None) -> None:
     """Before any stage: the model reachable, every stage resolved against its trainer's config and checked, and
     (main process) the run directory taken, checked against the lock of a run it already holds, the lock written."""
-    check_model_reachable(recipe.data["model"]["name"])  # a hub model offline: one line before anything loads
     console.print(f"kit: checking {recipe.name}'s {len(recipe.stages)} stages against TRL's configs (loads torch, "
                   f"TRL and Unsloth first; their messages go to {RunDir(run_dir).library_log})",
                   highlight=False, markup=False)
-    described = preflight(recipe, run_dir, console)
-    pre_run_check(recipe, console)  # kit check's cheap part: lengths, batches, template; `check: strict` stops
+    described = preflight(recipe, run_dir, console).described  # every fault of every stage, or none
     lock["resolved"] = redact({s["name"]: d for s, d in zip(recipe.stages, described)})  # e.g. variant presets
     if writer is not None:
         take_run_dir(recipe, run_dir, lock, force=force, console=console, writer=writer)

@@ -82,6 +82,90 @@ def check_trackers(report_to: Any, where: str) -> None:
                            f"pip install {package} (into the environment kit runs in), or remove report_to")
 
 
+# Settings that need a package to be installed (the config accepts them either way; the trainer fails once the model
+# has loaded): field -> (the module it imports, its pip name). `optim` values are checked in OPTIMIZER_PACKAGES.
+NEEDS_PACKAGE = {"use_liger_kernel": ("liger_kernel", "liger-kernel"), "deepspeed": ("deepspeed", "deepspeed")}
+OPTIMIZER_PACKAGES = {"galore": ("galore_torch", "galore-torch"), "apollo": ("apollo_torch", "apollo-torch"),
+                      "lomo": ("lomo_optim", "lomo-optim"), "schedule_free": ("schedulefree", "schedulefree"),
+                      "grokadamw": ("grokadamw", "grokadamw"), "stable_adamw": ("optimi", "torch-optimi")}
+# The older forms a config still maps in its own __post_init__ (TRL 1.15's GRPOConfig.scale_rewards: True ->
+# "group", False -> "none"): read as the value they stand for before the config is built, so that what the kit
+# records (and puts back after a library's rewrite) is the form the trainer reads.
+OLDER_FORMS: dict[str, dict[Any, Any]] = {"scale_rewards": {True: "group", False: "none"}}
+
+
+def gpu_only_optimizer(name: Any) -> bool:
+    """An optimizer with no CPU kernels (bitsandbytes' 8-bit and paged states), as Unsloth's CPU backend decides it
+    (unsloth_zoo/cpu/trainer.py, normalize_cpu_training_arguments)."""
+    text = str(getattr(name, "value", name) or "").lower()
+    return any(tag in text for tag in ("8bit", "paged", "bnb"))
+
+
+def check_packages(values: dict[str, Any], where: str) -> None:
+    """A setting whose package is not installed is one line before any model loads (transformers would fail only
+    when it builds the trainer, after the model has loaded)."""
+    import importlib.util
+
+    wanted = [(f"train.{key}", *NEEDS_PACKAGE[key]) for key in NEEDS_PACKAGE if values.get(key)]
+    optim = str(getattr(values.get("optim"), "value", values.get("optim")) or "")
+    wanted += [(f"train.optim {optim}", *package) for prefix, package in OPTIMIZER_PACKAGES.items()
+               if optim.startswith(prefix)]
+    for setting, module, pip_name in wanted:
+        if importlib.util.find_spec(module) is None:
+            raise KitError(f"{where}: {setting} needs the {pip_name} package, which is not installed; pip install "
+                           f"{pip_name} (into the environment kit runs in), or remove the setting")
+
+
+def check_network(values: dict[str, Any], where: str) -> None:
+    """push_to_hub (and hub_model_id with it) uploads to the Hugging Face Hub at every save: offline, or with no way
+    to reach it, the first checkpoint would end the run. One line before any model loads."""
+    if not values.get("push_to_hub"):
+        return
+    from kitcli.models.backend import hub_offline
+
+    if hub_offline():
+        raise KitError(f"{where}: train.push_to_hub needs the network, and HF_HUB_OFFLINE is set; remove push_to_hub "
+                       f"(and hub_model_id), or unset HF_HUB_OFFLINE; `kit export` uploads a finished run later")
+    import socket
+
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=3).close()
+    except OSError as error:
+        raise KitError(f"{where}: train.push_to_hub needs the network, and huggingface.co cannot be reached from "
+                       f"here ({error.strerror or error}); remove push_to_hub (and hub_model_id), or run where the "
+                       f"Hub can be reached") from None
+
+
+def cpu_substitutes(values: dict[str, Any], explicit: set[str]) -> list[str]:
+    """On a CPU the kit trains in float32 with a CPU optimizer; a GPU recipe's values are replaced, each with a note
+    (the dry run, `kit check` and the lock show them): bf16 / fp16 off, an 8-bit or paged optimizer -> torch's fused
+    AdamW (what Unsloth's CPU backend would pick)."""
+    notes = []
+    for key in ("bf16", "fp16"):
+        if key in explicit and values.get(key):
+            notes.append(f"train.{key}: true is a GPU setting; on this CPU the kit trains in float32 ({key} "
+                         f"false)")
+    if gpu_only_optimizer(values.get("optim")):
+        notes.append(f"train.optim: {values['optim']} needs a GPU (bitsandbytes' 8-bit / paged states); this CPU "
+                     f"run uses adamw_torch_fused (a GPU run uses {values['optim']})")
+        values["optim"] = "adamw_torch_fused"
+    values.update(use_cpu=True, bf16=False, fp16=False)
+    return notes
+
+
+def older_forms(values: dict[str, Any], explicit: set[str]) -> list[str]:
+    """Values written in a form the config still maps itself (OLDER_FORMS): read as the value they stand for."""
+    notes = []
+    for key, forms in OLDER_FORMS.items():
+        value = values.get(key)
+        if key in values and isinstance(value, bool) and value in forms:
+            values[key] = forms[value]
+            if key in explicit:
+                notes.append(f"train.{key}: {str(value).lower()} is the older form of {forms[value]!r} (as "
+                             f"TRL maps it); read as {forms[value]!r}")
+    return notes
+
+
 def reserved_reason(key: str) -> str:
     return {"output_dir": "checkpoints go to the stage folder", "seed": "set the recipe's top-level seed"}.get(
         key, "it is derived from the recipe")
@@ -111,8 +195,11 @@ def build_config(config_cls, *, stage_defaults: dict[str, Any], train: dict[str,
     values = {**COMMON_DEFAULTS, **device_defaults(on_gpu), **stage_defaults, **train}
     check_trackers(values.get("report_to"), where)
     values = {k: v for k, v in values.items() if k in config_fields(config_cls)}
+    check_packages(values, where)
+    check_network(values, where)
+    notes = older_forms(values, set(train))
     if not on_gpu:
-        values.update(use_cpu=True, bf16=False, fp16=False)
+        notes += cpu_substitutes(values, set(train))
     values.update(output_dir=str(output_dir), seed=seed, data_seed=seed)
     try:
         config = config_cls(**values)
@@ -121,6 +208,7 @@ def build_config(config_cls, *, stage_defaults: dict[str, Any], train: dict[str,
                        f"{str(error).splitlines()[0]}") from None
     config.kit_resolved = values
     config.kit_explicit = set(train)
+    config.kit_notes = notes
     config.kit_rewrites = restore_rewrites(config, values, set(train), where)
     derive_mixed_precision(config)
     return config
@@ -180,9 +268,14 @@ def restore_rewrites(config, values: dict[str, Any], explicit: set[str], where: 
     return rewrites
 
 
+CHANGED = "changed from the recipe"  # the key of a stage's notes in its description (the dry run, the lock)
+
+
 def config_summary(config, stage_defaults: dict[str, Any], train: dict[str, Any]) -> dict[str, Any]:
     """What --dry-run and the lock file show of a stage's config: the explicit values, and any rewrite."""
     summary = {type(config).__name__: explicit_values(config, stage_defaults, train)}
+    if getattr(config, "kit_notes", None):
+        summary[CHANGED] = list(config.kit_notes)
     rewrites = getattr(config, "kit_rewrites", [])
     if rewrites:
         summary["rewritten by the library"] = [
