@@ -1,5 +1,6 @@
 """Every built-in stage type comes with what a user and the suite rely on: a shipped tiny recipe that runs it, a
-resume case, a `kit check` / `kit plan` sample, and a row in the README's stages table. A new stage type
+resume case, a `kit check` / `kit plan` sample, its StageSpec's summary as its row in the README's stages table, and
+its name in the README's opening list, in `kit --help` and in docs/stages.md (no hand-kept list goes stale). A new stage type
 (docs/extending.md) that lacks one goes red here, naming the file to edit and what to add."""
 
 from __future__ import annotations
@@ -27,8 +28,29 @@ def tiny_recipe_types() -> set[str]:
     return found
 
 
-def readme_stage_rows() -> set[str]:
-    return set(re.findall(r"^\| `([a-z_]+)` \|", (ROOT / "README.md").read_text(), flags=re.MULTILINE))
+def readme_stage_rows() -> dict[str, str]:
+    """The README's stages table: type -> what it runs."""
+    return dict(re.findall(r"^\| `([a-z_]+)` \| (.*) \|$", readme_section("## Stages"), flags=re.MULTILINE))
+
+
+def readme_section(heading: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index(heading + "\n")
+    end = text.find("\n## ", start + len(heading))
+    return text[start:end if end > 0 else None]
+
+
+def named_in(stage_type: str, text: str) -> bool:
+    """`text` names the type (a word starting with it, any case: `reward model`, `distillation`, `SimPO`)."""
+    return re.search(rf"\b{re.escape(stage_type)}", text, flags=re.IGNORECASE) is not None
+
+
+def help_summary() -> str:
+    from click.testing import CliRunner
+
+    from kitcli.commands.cli import main
+
+    return CliRunner().invoke(main, ["--help"]).output
 
 
 def missing() -> list[str]:
@@ -36,6 +58,8 @@ def missing() -> list[str]:
     import test_resume
 
     recipes, rows = tiny_recipe_types(), readme_stage_rows()
+    opening = (ROOT / "README.md").read_text().split("\n\n")[1]
+    summary, stages_doc = help_summary(), (ROOT / "docs" / "stages.md").read_text()
     lacks = []
     for stage_type, spec in builtin_specs().items():
         if stage_type not in recipes:
@@ -47,9 +71,19 @@ def missing() -> list[str]:
         if stage_type not in test_plan.SAMPLE_STAGES:
             lacks.append(f"{stage_type}: no kit check / kit plan sample; add it to SAMPLE_STAGES in "
                          f"tests/test_plan.py")
-        if stage_type not in rows:
-            lacks.append(f"{stage_type}: no row in the stages table of README.md; add | `{stage_type}` | what it runs "
-                         f"| notes |")
+        if rows.get(stage_type) != spec.summary:
+            lacks.append(f"{stage_type}: the stages table of README.md must hold | `{stage_type}` | {spec.summary} | "
+                         f"(its StageSpec's summary, as kit recipes list shows it; details go to docs/stages.md)")
+        if not spec.evaluates and not named_in(stage_type, opening):
+            lacks.append(f"{stage_type}: README.md's opening paragraph does not name it; add it to the bold list of "
+                         f"stages")
+        if not spec.evaluates and not named_in(stage_type, summary):
+            lacks.append(f"{stage_type}: `kit --help` does not name it; add it to the docstring of main() in "
+                         f"kitcli/commands/cli.py")
+        if not named_in(stage_type, stages_doc):
+            lacks.append(f"{stage_type}: docs/stages.md does not describe it; add a section")
+    lacks += [f"{stage_type}: README.md's stages table has a row for a type the kit does not have; remove it"
+              for stage_type in set(rows) - set(builtin_specs())]
     return lacks
 
 
