@@ -263,8 +263,10 @@ FOREIGN_NAMES: list[ForeignName] = [
     F("warmup_ratio", "train", f"{HF}, {AXOLOTL}", MAP, "transformers 5 has no warmup_ratio: a float warmup_steps "
       "below 1 is the same fraction of the run's steps", "train.warmup_steps", convert="warmup_fraction"),
     F("evaluation_strategy", "train", HF, MAP, "renamed eval_strategy in transformers 4.41", "train.eval_strategy"),
-    F("per_gpu_train_batch_size", "train", HF, MAP, "renamed in transformers 4", "train.per_device_train_batch_size"),
-    F("per_gpu_eval_batch_size", "train", HF, MAP, "renamed in transformers 4", "train.per_device_eval_batch_size"),
+    F("per_gpu_train_batch_size", "train", HF, MAP, "the old name, removed in transformers 5",
+      "train.per_device_train_batch_size"),
+    F("per_gpu_eval_batch_size", "train", HF, MAP, "the old name, removed in transformers 5",
+      "train.per_device_eval_batch_size"),
     F("no_cuda", "train", HF, IGNORE, "the device the kit finds is used", values=(False, None)),
     F("no_cuda", "train", HF, MAP, "renamed use_cpu in transformers 4.34", "train.use_cpu", values=(True,)),
     F("use_mps_device", "train", HF, IGNORE, "not Apple's GPU, as in the kit", values=(False, None)),
@@ -275,12 +277,13 @@ FOREIGN_NAMES: list[ForeignName] = [
     F("overwrite_output_dir", "train", HF, IGNORE, "removed in transformers 5; the run directory is the kit's: kit "
       "run resumes it, --force redoes finished stages, -o DIR picks another"),
     F("save_safetensors", "train", HF, IGNORE, "removed in transformers 5, which always saves safetensors"),
-    F("include_tokens_per_second fp16_backend half_precision_backend", "train", HF, IGNORE,
-      "removed in transformers 5; the kit sets bf16 / fp16 itself"),
+    F("include_tokens_per_second", "train", HF, IGNORE, "removed in transformers 5"),
+    F("fp16_backend half_precision_backend", "train", HF, IGNORE, "transformers 4's mixed-precision backends, "
+      "removed in 5; the kit sets bf16 / fp16 itself"),
     F("group_by_length", "train", f"{HF}, {AXOLOTL}", IGNORE, "random order, the default", values=(False, None)),
     F("group_by_length", "train", f"{HF}, {AXOLOTL}", MAP, "transformers 5's train_sampling_strategy: "
       "group_by_length", "train.train_sampling_strategy", values=(True,), convert="group_by_length"),
-    F("push_to_hub_model_id", "train", HF, MAP, "renamed hub_model_id in transformers 4", "train.hub_model_id"),
+    F("push_to_hub_model_id", "train", HF, MAP, "the old name, removed in transformers 5", "train.hub_model_id"),
     F("use_liger", "train", TRL0, MAP, "renamed use_liger_kernel", "train.use_liger_kernel"),
     F("max_seq_length", "train", f"{TRL0}, {U_GRPO}", MAP, "TRL 0.20 renamed SFTConfig's max_seq_length to "
       "max_length; Unsloth's other configs copy the model's", "train.max_length | model.max_seq_length"),
