@@ -110,6 +110,9 @@ def test_a_trl_cli_sft_config_with_peft_keeps_the_clis_lora_settings(tmp_path):
     assert train["lr_scheduler_kwargs"] == {"min_lr_rate": 0.1}
     resolved = dry_run(out)
     assert "max_length: 96" in resolved and "lr_scheduler_type: cosine_with_min_lr" in resolved
+    out.unlink()
+    _, _, text = imported(tmp_path, {k: v for k, v in OPEN_R1_SFT.items() if k != "lora_target_modules"})
+    assert "lora:  # target_modules unset in the source: PEFT's default for the architecture" in text
 
 
 def test_an_axolotl_kto_config_becomes_a_kto_recipe(tmp_path):

@@ -232,6 +232,9 @@ def build(raw: dict[str, Any], source: Path, given_type: str | None) -> tuple[di
     if cli_dropout:
         imported.comments[("lora", "dropout")] = "unset in the source: the TRL CLI's default (ModelConfig), not the " \
                                                  "kit's 0.0"
+    if shape == "TRL CLI" and raw[peft_key] is True and "lora_target_modules" not in raw:
+        imported.comments[("lora",)] = "target_modules unset in the source: PEFT's default for the architecture " \
+                                       "(q_proj, v_proj for Llama and Qwen); the kit's default adapts every projection"
     if recipe.get("lora") is False:
         imported.comments[("lora",)] = (f"{peft_key} unset: {shape} trains every weight; remove this line to train "
                                         f"a LoRA adapter (the kit's default)")
