@@ -186,18 +186,25 @@ def expectation(kind: str, context: dict, given: Any, integer: bool | None = Non
 
 # --- setting a fault aside ------------------------------------------------------------------------------------------
 
-def set_aside(raw: dict, error, model, specs: dict, touched: set[int]) -> dict | None:
+def set_aside(raw: dict, error, model, specs: dict, touched: set[int], defaulted: set[int]) -> dict | None:
     """A copy of `raw` without the keys pydantic faulted (an unknown key, a bad value of a key that has a default,
     `train:` keys a validator refused, a reference to no earlier stage), so that validating it again reaches the
     checks behind them; None when some fault cannot be set aside (a required key, a rule between keys), and the
     faults found so far are all there is. The stages it changed are added to `touched`: a rule of a whole stage that
-    fails after it (no reward left, say) follows from the fault already named (is_consequence)."""
+    fails after it (no reward left, say) follows from the fault already named (is_consequence); those where a key
+    the stage reads lost its value (a default now in its place) to `defaulted`: their trainer config is not built
+    in this pass (an unknown key set aside changes nothing the stage reads)."""
     repaired = copy.deepcopy(raw)
     for e in error.errors(include_url=False):
         loc = tuple(e["loc"])
         context = e.get("ctx") or {}
-        touched.update(path[1] for path in [loc, *(context.get("unset") or ())]
-                       if len(path) > 1 and path[0] == "stages" and isinstance(path[1], int))
+        stages = {path[1] for path in [loc, *(context.get("unset") or ())]
+                  if len(path) > 1 and path[0] == "stages" and isinstance(path[1], int)}
+        touched.update(stages)
+        unknown_only = e["type"] == "extra_forbidden" or (e["type"] == "kit" and context.get("keys")
+                                                          and not context.get("values"))
+        if not unknown_only:
+            defaulted.update(stages)
         if e["type"] == "kit" and context.get("unset"):  # keys a rule between them refused, from the root
             for path in context["unset"]:
                 parent = node_at(repaired, tuple(path[:-1]), specs)

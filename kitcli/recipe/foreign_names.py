@@ -184,6 +184,9 @@ def translate_stage(stage: dict, index: int, specs: dict, recipe: dict, seed: An
     known_stage = stage_fields or set().union(*(s.section.model_fields for s in specs.values())) | {"type"}
     known_train = config if config is not None else set().union(
         *(config_fields(s.config_name) for s in specs.values() if s.config_name))
+    refused = set(spec.refused_keys) if spec is not None else set()  # the type's own refusal says more (ORPO's)
+    known_stage = known_stage | {key for key in refused if "." not in key}
+    known_train = known_train | {key.removeprefix("train.") for key in refused if key.startswith("train.")}
     common = dict(stage=stage, stage_type=stage.get("type"), stage_fields=stage_fields, config_fields=config,
                   seed=seed)
     handled = translate_section(stage, Place("stage", f"stage '{label}': ", known_stage, **common), recipe)

@@ -44,6 +44,7 @@ class Recipe:
     base_dir: Path = field(default_factory=Path.cwd)
     notes: list[str] = field(default_factory=list)  # foreign names read as the kit's or ignored, one line each
     faults: list[str] = field(default_factory=list)  # found with `collect=True`: the recipe is the one repaired
+    defaulted: set[str] = field(default_factory=set)  # stages whose faulty values the repair left to a default
 
     @property
     def name(self) -> str:
@@ -244,7 +245,7 @@ def validate_recipe(raw: dict, source: str, base_dir: Path, *, collect: bool = F
     model = recipe_model(specs)
     raw, notes, foreign = translate_foreign(raw, source)
     faults = [f"{source}: {line}" for line in foreign]
-    attempt, typed, touched = raw, None, set()
+    attempt, typed, touched, defaulted = raw, None, set(), set()
     for _ in range(MAX_REPAIRS):
         try:
             typed = model.model_validate(attempt, context={"base_dir": base_dir})
@@ -252,7 +253,7 @@ def validate_recipe(raw: dict, source: str, base_dir: Path, *, collect: bool = F
         except ValidationError as error:
             faults += [line for loc, line in fault_lines(error, attempt, source, model, specs)
                        if line not in faults and not is_consequence(loc, touched, specs)]
-            attempt = set_aside(attempt, error, model, specs, touched)
+            attempt = set_aside(attempt, error, model, specs, touched, defaulted)
             if attempt is None:
                 break
     stage_names = [str(s.get("name") or s.get("type")) for s in raw.get("stages") or [] if isinstance(s, dict)] \
@@ -260,7 +261,8 @@ def validate_recipe(raw: dict, source: str, base_dir: Path, *, collect: bool = F
     if typed is None or (faults and not collect):
         raise KitFaults(faults, source, stage_names)
     return Recipe(data=normalized(typed, attempt, source), source=source, base_dir=base_dir,
-                  notes=[f"{source}: {line}" for line in notes], faults=faults)
+                  notes=[f"{source}: {line}" for line in notes], faults=faults,
+                  defaulted={stage_names[i] for i in defaulted if i < len(stage_names)})
 
 
 MAX_REPAIRS = 8  # validation passes, each setting aside the keys the one before faulted

@@ -291,6 +291,7 @@ def check_train(config: str | None, train: dict[str, Any], reserved: dict[str, s
 
     names = config_fields(config)
     faults: dict[str, str] = {}
+    bad_values = []  # keys the trainer reads, whose value was wrong (set aside, a default takes their place)
     for key, value in train.items():
         if key in reserved:
             faults[key] = f"train.{key} is set by the kit ({reserved[key]}); remove it"
@@ -298,10 +299,11 @@ def check_train(config: str | None, train: dict[str, Any], reserved: dict[str, s
             faults[key] = f"train.{key} is not a {config} field{did_you_mean(key, names)}"
         elif (expected := check_value(config, key, value)) is not None:
             faults[key] = f"{config} rejected the train settings: train.{key} must be {expected}, got {value!r}"
+            bad_values.append(key)
     if faults:
         messages = list(faults.values())
         raise PydanticCustomError("kit", "{message}", {"message": messages[0], "where": None, "more": messages[1:],
-                                                       "keys": list(faults)})
+                                                       "keys": list(faults), "values": bad_values})
 
 
 class RewardedSection(TrainingSection):

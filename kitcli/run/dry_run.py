@@ -20,15 +20,15 @@ def dry_run(recipe: Recipe, console: Console) -> None:
     """Print every stage's resolved configuration (the TRL config values after the kit's defaults)."""
     described = preflight(recipe, Path("runs") / f"{recipe.name}-DRYRUN", console, as_comments=True).described
     header = {k: recipe.data[k] for k in ("name", "seed", "model", "lora")}
-    console.print(yaml.safe_dump(header, sort_keys=False).rstrip(), highlight=False, markup=False)
+    console.print(yaml.safe_dump(header, sort_keys=False).rstrip(), highlight=False, markup=False, soft_wrap=True)
     for index, (stage, resolved) in enumerate(zip(recipe.stages, described), start=1):
         console.print(f"\n# stage {index}/{len(recipe.stages)}: {stage['name']} ({stage['type']})",
                       highlight=False, markup=False)
         for note in resolved.get(CHANGED, ()):  # what the kit changed from the recipe, as comments (and in the lock)
             console.print(f"# changed from the recipe: {note}", highlight=False, markup=False, soft_wrap=True)
         shown = {key: value for key, value in resolved.items() if key != CHANGED}
-        console.print(yaml.safe_dump(shown, sort_keys=False, default_flow_style=None).rstrip(),
-                      highlight=False, markup=False)
+        console.print(yaml.safe_dump(shown, sort_keys=False, default_flow_style=None, width=120).rstrip(),
+                      highlight=False, markup=False, soft_wrap=True)  # YAML: no line broken by the terminal's width
         example = formatted_example(recipe, stage)
         if example:  # as YAML comments, so the dry run's output stays YAML
             lines = "\n".join(f"#   {line}" for line in example.splitlines())

@@ -20,7 +20,7 @@ from typing import Any
 
 from rich.console import Console
 
-from kitcli.errors import KitError, KitFaults, faults_of, stage_of
+from kitcli.errors import KitError, KitFaults, faults_of
 from kitcli.models.backend import check_model_reachable
 from kitcli.recipe import stage_types
 from kitcli.recipe.load import Recipe
@@ -44,14 +44,13 @@ class Checked:
 
 def describe_stages(recipe: Recipe, run_dir: Path, console: Console, faults: list[str]) -> list[dict | None]:
     """Each stage's resolved configuration (its data read, its trainer config built; no model loads), a stage that
-    faults adding its lines to `faults` and None to the list. A stage whose keys the recipe's own check set aside is
-    not described: with a default in place of a bad value its config could fault for a reason the recipe does not
-    have (its other checks still run)."""
+    faults adding its lines to `faults` and None to the list. A stage whose bad value the recipe's own check set aside
+    is not described: with a default in its place its config could fault for a reason the recipe does not have (its
+    other checks still run; an unknown key set aside changes nothing, and the stage is described)."""
     outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
-    repaired = {stage_of(line) for line in recipe.faults}  # a key set aside: its default could fault in its place
     described: list[dict | None] = []
     for stage in recipe.stages:
-        if stage["name"] in repaired:
+        if stage["name"] in recipe.defaulted:  # a bad value set aside: its default could fault in its place
             described.append(None)
             continue
         try:

@@ -63,6 +63,9 @@ def check_trackers(report_to: Any, where: str) -> None:
     names = [report_to] if isinstance(report_to, str) else report_to
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise KitError(f"{where}: train.report_to must be a tracker name or a list of them, got {report_to!r}")
+    if "none" in names and len(names) > 1:  # transformers reads "none" only as the whole value
+        raise KitError(f"{where}: train.report_to {report_to!r}: 'none' turns every tracker off, so it stands alone; "
+                       f"give report_to: none, or the trackers without it")
     from transformers.integrations.integration_utils import (
         INTEGRATION_TO_CALLBACK,
         get_available_reporting_integrations,
@@ -149,6 +152,11 @@ def cpu_substitutes(values: dict[str, Any], explicit: set[str]) -> list[str]:
         notes.append(f"train.optim: {values['optim']} needs a GPU (bitsandbytes' 8-bit / paged states); this CPU "
                      f"run uses adamw_torch_fused (a GPU run uses {values['optim']})")
         values["optim"] = "adamw_torch_fused"
+    elif str(getattr(values.get("optim"), "value", values.get("optim"))) == "adamw_torch":
+        if "optim" in explicit:
+            notes.append("train.optim: adamw_torch runs as adamw_torch_fused on a CPU (the same AdamW in torch's "
+                         "fused kernel, as Unsloth's CPU backend has it)")
+        values["optim"] = "adamw_torch_fused"
     values.update(use_cpu=True, bf16=False, fp16=False)
     return notes
 
@@ -195,6 +203,8 @@ def build_config(config_cls, *, stage_defaults: dict[str, Any], train: dict[str,
     values = {**COMMON_DEFAULTS, **device_defaults(on_gpu), **stage_defaults, **train}
     check_trackers(values.get("report_to"), where)
     values = {k: v for k, v in values.items() if k in config_fields(config_cls)}
+    if values.get("report_to") == ["none"]:
+        values["report_to"] = "none"  # transformers reads "none" only as the whole value, not as a list's item
     check_packages(values, where)
     check_network(values, where)
     notes = older_forms(values, set(train))
