@@ -22,7 +22,6 @@ import pytest
 import yaml
 from helpers import DATA, run_cli, write_recipe
 
-from kitcli.recipe.config_fields import field_range
 from kitcli.recipe.load import parse_yaml, shipped_recipes
 from kitcli.recipe.stage_types import specs
 
@@ -43,9 +42,9 @@ def numeric_train_fields() -> list[tuple[str, str, str, object]]:
 FIELDS = numeric_train_fields()
 
 
-def out_of_range(config: str, key: str, value) -> object | None:
+def out_of_range(section, key: str, value) -> object | None:
     """A value of the field's type outside the kit's range for it (None when the field has no range)."""
-    bounds = field_range(config, key)
+    bounds = section.train_ranges.get(key)
     if bounds is None:
         return None
     if bounds.low is not None:
@@ -60,9 +59,10 @@ def test_every_numeric_field_of_the_shipped_recipes_is_covered():
     assert not uncovered, f"no range for {uncovered}"
 
 
-def config_of(recipe: str, stage_name: str) -> str:
+def config_of(recipe: str, stage_name: str):
+    """The stage's section: its config's fields are checked against the section's ranges."""
     stage = next(s for s in parse_yaml(shipped_recipes()[recipe].read_text())["stages"] if s["name"] == stage_name)
-    return specs()[stage["type"]].section.config
+    return specs()[stage["type"]].section
 
 
 def refused(tmp_path: Path, recipe: str, setting: str) -> str:
@@ -222,3 +222,18 @@ def test_the_config_s_precision_is_the_kit_s_not_the_environment_s(on_gpu, expec
     config = build_config(config_class("dpo"), stage_defaults={}, train={}, where="t", output_dir=tmp_path, seed=0,
                           on_gpu=on_gpu)
     assert (config.bf16, config.mixed_precision) == (on_gpu, expected)
+
+
+def test_the_choices_a_config_declares_are_read_from_it(tmp_path):
+    """TRL declares SFTConfig.loss_type's choices in its field metadata (nll, dft, chunked_nll): the kit reads them
+    there, so a choice TRL adds is accepted without a table of the kit's to update, and a wrong one names them."""
+    from kitcli.recipe.config_fields import config_fields
+
+    declared = config_fields("SFTConfig")["loss_type"].choices
+    assert declared is not None and "chunked_nll" in declared
+    stage = {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),
+             "train": {"loss_type": "chunked_nll", "max_steps": 2}}
+    run_cli("check", write_recipe(tmp_path / "r.yaml", [stage]))
+    bad = write_recipe(tmp_path / "r.yaml", [{**stage, "train": {"loss_type": "nlx", "max_steps": 2}}])
+    line = run_cli("check", bad, expect=2).output.strip().splitlines()[-1]
+    assert f"train.loss_type must be one of {', '.join(declared)}, got 'nlx'" in line, line

@@ -1,6 +1,7 @@
 """PPOConfig: the settings of a PPO stage (the recipe's `train:` block), named as in TRL's (old) PPOConfig.
 
-Each field's type and range is checked for every stage by kitcli/recipe/config_fields.py (its RANGES and CHOICES) before
+Each field's type and range is checked for every stage by kitcli/recipe/config_fields.py (with the PPO section's
+train_ranges and train_choices, kitcli/stages/ppo.py) before
 anything loads; `__post_init__` keeps only the rules between fields.
 """
 

@@ -6,9 +6,11 @@ TRL's configs are dataclasses: `GRPOConfig(_BaseConfig(TrainingArguments))`. The
 `float | None`, `list[str]`, `SchedulerType | str`, ...), its default and its help text. Enum annotations are
 resolved to their values from transformers' own enum classes. The kit's PPO config is a dataclass of its own.
 
-`check_value(config, name, value)` returns None when `value` fits the field's type and the kit's range for it,
-else what was expected ("a number > 0"). The ranges are the kit's: TRL leaves most of them to fail deep inside a
-training loop (a batch size of 0) or to train nothing (negative epochs).
+`check_value(config, name, value, ranges, choices)` returns None when `value` fits the field's type, the choices its
+config declares (TRL's `metadata={"choices": ...}`) or the stage's section gives, and the section's range for it,
+else what was expected ("a number > 0"). The ranges are the kit's, kept on each stage type's section (TrainingSection's
+for TrainingArguments' fields): TRL leaves most of them to fail deep inside a training loop (a batch size of 0) or to
+train nothing (negative epochs).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class ConfigField:
     annotation: str
     default: Any
     help: str
+    choices: tuple | None = None  # the values its metadata declares (TRL's `metadata={"choices": [...]}`)
 
 
 def package_dir(package: str) -> Path:
@@ -54,14 +57,19 @@ def literal(node: ast.AST) -> Any:
         return MISSING
 
 
-def help_text(call: ast.Call) -> str:
+def metadata_entry(call: ast.Call, name: str) -> Any:
+    """One entry of a dataclass field's `metadata={...}` (its help text, its declared choices), or MISSING."""
     for keyword in call.keywords:
         if keyword.arg == "metadata" and isinstance(keyword.value, ast.Dict):
             for key, value in zip(keyword.value.keys, keyword.value.values):
-                if literal(key) == "help":
-                    text = literal(value)
-                    return text if isinstance(text, str) else ""
-    return ""
+                if literal(key) == name:
+                    return literal(value)
+    return MISSING
+
+
+def help_text(call: ast.Call) -> str:
+    text = metadata_entry(call, "help")
+    return text if isinstance(text, str) else ""
 
 
 @cache
@@ -76,7 +84,7 @@ def parse_classes(package: str, relative: str) -> dict[str, tuple[list[str], dic
         for item in node.body:
             if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)):
                 continue
-            default, help_ = MISSING, ""
+            default, help_, choices = MISSING, "", None
             if isinstance(item.value, ast.Call) and getattr(item.value.func, "id", None) == "field":
                 keywords = {k.arg: k.value for k in item.value.keywords}
                 if "init" in keywords and literal(keywords["init"]) is False:
@@ -84,9 +92,12 @@ def parse_classes(package: str, relative: str) -> dict[str, tuple[list[str], dic
                 if "default" in keywords:
                     default = literal(keywords["default"])
                 help_ = help_text(item.value)
+                declared = metadata_entry(item.value, "choices")
+                choices = tuple(declared) if isinstance(declared, (list, tuple)) else None
             elif item.value is not None:
                 default = literal(item.value)
-            fields[item.target.id] = ConfigField(item.target.id, ast.unparse(item.annotation), default, help_)
+            fields[item.target.id] = ConfigField(item.target.id, ast.unparse(item.annotation), default, help_,
+                                                 choices)
         classes[node.name] = ([ast.unparse(b).split(".")[-1] for b in node.bases], fields)
     return classes
 
@@ -279,73 +290,39 @@ class Range:
 
 POSITIVE, AT_LEAST_ONE, NOT_NEGATIVE = Range(0, True), Range(1), Range(0)
 FRACTION, OPEN_FRACTION = Range(0, False, 1, False), Range(0, False, 1, True)
-# field -> range, for every config; (config, field) -> range where one config differs (DPO's beta must be > 0,
-# GRPO's may be 0: no KL penalty).
-RANGES: dict[Any, Range] = {
+# The ranges of transformers' TrainingArguments fields every trainer config has, which no library declares (TRL
+# leaves them to fail deep inside a training loop, or to train nothing). A stage type's section adds its method's
+# own (`train_ranges`, `train_choices` on the section: kitcli/recipe/schema.py TrainingSection).
+TRAINING_RANGES: dict[str, Range] = {
     "learning_rate": POSITIVE, "per_device_train_batch_size": AT_LEAST_ONE, "per_device_eval_batch_size": AT_LEAST_ONE,
     "gradient_accumulation_steps": AT_LEAST_ONE, "num_train_epochs": POSITIVE, "max_steps": Range(1, also=(-1,)),
     "warmup_ratio": FRACTION, "warmup_steps": NOT_NEGATIVE, "weight_decay": NOT_NEGATIVE, "max_grad_norm": NOT_NEGATIVE,
     "adam_beta1": OPEN_FRACTION, "adam_beta2": OPEN_FRACTION, "adam_epsilon": POSITIVE,
     "logging_steps": POSITIVE, "save_steps": POSITIVE, "eval_steps": POSITIVE, "save_total_limit": AT_LEAST_ONE,
-    "dataloader_num_workers": NOT_NEGATIVE, "seed": NOT_NEGATIVE,
-    "max_length": AT_LEAST_ONE, "max_prompt_length": AT_LEAST_ONE, "max_completion_length": AT_LEAST_ONE,
-    "num_generations": Range(2), "generation_batch_size": AT_LEAST_ONE, "steps_per_generation": AT_LEAST_ONE,
-    "num_iterations": AT_LEAST_ONE, "temperature": POSITIVE, "top_p": Range(0, True, 1), "top_k": NOT_NEGATIVE,
-    "min_p": FRACTION, "repetition_penalty": POSITIVE, "epsilon": POSITIVE, "epsilon_high": POSITIVE,
-    "beta": NOT_NEGATIVE, "delta": POSITIVE, "top_entropy_quantile": Range(0, True, 1),
-    "label_smoothing": Range(0, False, 0.5, False), "center_rewards_coefficient": NOT_NEGATIVE,
-    ("DPOConfig", "beta"): POSITIVE, ("KTOConfig", "beta"): POSITIVE,
-    # ORPO's lambda weights the odds-ratio term (0 would be SFT alone); SimPO divides simpo_gamma by beta (CPO)
-    ("ORPOConfig", "beta"): POSITIVE, ("CPOConfig", "beta"): POSITIVE, "simpo_gamma": NOT_NEGATIVE,
-    "cpo_alpha": NOT_NEGATIVE,
-    # GRPO's soft gates (SAPO's temperatures, VESPO's Gamma weights) and KTO's class weights
-    "sapo_temperature_pos": POSITIVE, "sapo_temperature_neg": POSITIVE, "vespo_k_pos": NOT_NEGATIVE,
-    "vespo_k_neg": NOT_NEGATIVE, "vespo_lambda_pos": POSITIVE, "vespo_lambda_neg": POSITIVE,
-    "desirable_weight": POSITIVE, "undesirable_weight": POSITIVE,
-    # the kit's PPO loop
-    "num_mini_batches": AT_LEAST_ONE, "num_ppo_epochs": AT_LEAST_ONE, "response_length": AT_LEAST_ONE,
-    "kl_coef": NOT_NEGATIVE, "kl_target": POSITIVE, "kl_horizon": AT_LEAST_ONE, "cliprange": Range(0, True, 1, True),
-    "cliprange_value": POSITIVE, "vf_coef": NOT_NEGATIVE, "gamma": FRACTION, "lam": FRACTION,
-    "missing_eos_penalty": NOT_NEGATIVE,
+    "dataloader_num_workers": NOT_NEGATIVE, "seed": NOT_NEGATIVE, "max_length": AT_LEAST_ONE,
 }
-# String fields whose annotation says only `str` but which take a fixed set of values (read from TRL's help
-# texts and __post_init__; a value outside them fails deep inside the trainer).
-CHOICES: dict[tuple[str, str], tuple] = {
-    ("GRPOConfig", "loss_type"): ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"),
-    ("GRPOConfig", "scale_rewards"): ("group", "batch", "none", True, False),
-    ("GRPOConfig", "importance_sampling_level"): ("token", "sequence"),
-    ("GRPOConfig", "multi_objective_aggregation"): ("sum_then_normalize", "normalize_then_sum"),
-    ("GRPOConfig", "vllm_mode"): ("server", "colocate"),
-    ("SFTConfig", "loss_type"): ("nll", "dft"),
-    ("DPOConfig", "f_divergence_type"): ("reverse_kl", "js_divergence", "alpha_divergence"),
-    ("DPOConfig", "truncation_mode"): ("keep_start", "keep_end"),
-    ("KTOConfig", "loss_type"): ("kto", "apo_zero_unpaired"),
-    ("CPOConfig", "loss_type"): ("sigmoid", "hinge", "ipo", "simpo", "alphapo"),
-    ("KTOConfig", "train_sampling_strategy"): ("sequential", "random", "group_by_length"),
-    ("RLOOConfig", "vllm_mode"): ("server", "colocate"),
-    ("PPOConfig", "lr_scheduler_type"): ("linear", "cosine", "constant", "constant_with_warmup"),
-    ("PPOConfig", "optim"): ("adamw_torch", "adamw_torch_fused", "adamw_8bit"),
-}
-DPO_LOSSES = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
-              "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft")
 
 
-def field_type(config: str, name: str) -> TypeSpec:
-    if (config, name) in CHOICES:
-        return TypeSpec("choice", CHOICES[(config, name)])
-    if (config, name) == ("DPOConfig", "loss_type"):
-        return union(TypeSpec("choice", DPO_LOSSES), TypeSpec("list", (TypeSpec("choice", DPO_LOSSES),)))
+def field_type(config: str, name: str, choices: dict[str, Any] | None = None) -> TypeSpec:
+    """A field's type: the choices a stage's section gives it (`choices`: name -> values, or a TypeSpec), else the
+    choices its config declares in its metadata, else its annotation."""
+    given = (choices or {}).get(name)
+    if isinstance(given, TypeSpec):
+        return given
+    if given is not None:
+        return TypeSpec("choice", tuple(given))
+    declared = config_fields(config)[name].choices
+    if declared is not None:
+        return TypeSpec("choice", declared)
     return narrowed(parse_annotation(config_fields(config)[name].annotation))
 
 
-def field_range(config: str, name: str) -> Range | None:
-    return RANGES.get((config, name), RANGES.get(name))
-
-
-def check_value(config: str, name: str, value: Any) -> str | None:
-    """None when `value` is right for field `name` of `config`, else what it must be ("a number > 0", "in [0, 1]")."""
-    spec = field_type(config, name)
-    bounds = field_range(config, name)
+def check_value(config: str, name: str, value: Any, ranges: dict[str, Range] | None = None,
+                choices: dict[str, Any] | None = None) -> str | None:
+    """None when `value` is right for field `name` of `config`, else what it must be ("a number > 0", "in [0, 1]"):
+    its type, the choices (the section's, or its config's declared ones) and the section's range for it."""
+    spec = field_type(config, name, choices)
+    bounds = (ranges or {}).get(name)
     if not fits(value, spec):
         return describe(spec) + (f" {bounds.text()}" if bounds is not None else "")
     numeric = isinstance(value, (int, float)) and not isinstance(value, bool)

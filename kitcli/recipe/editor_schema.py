@@ -26,20 +26,22 @@ def json_schema(specs: dict[str, StageSpec]) -> dict[str, Any]:
         section = definitions.get(spec.section.__name__)
         if section is None or "train" not in section.get("properties", {}) or spec.section.config is None:
             continue
-        section["properties"]["train"] = train_schema(spec.section.config, spec.section.reserved,
-                                                      section["properties"]["train"].get("description", ""))
+        section["properties"]["train"] = train_schema(spec.section, section["properties"]["train"].get("description",
+                                                                                                        ""))
     return schema
 
 
-def train_schema(config: str, reserved: dict[str, str], description: str) -> dict[str, Any]:
-    from kitcli.recipe.config_fields import config_fields, field_range, field_type
+def train_schema(section, description: str) -> dict[str, Any]:
+    """A stage's `train:` block: its config's fields with their types, choices and the section's ranges."""
+    from kitcli.recipe.config_fields import config_fields, field_type
 
+    config = section.config
     properties = {}
     for name, found in config_fields(config).items():
-        if name in reserved:
+        if name in section.reserved:
             continue
-        entry = type_schema(field_type(config, name))
-        bounds = field_range(config, name)
+        entry = type_schema(field_type(config, name, section.train_choices))
+        bounds = section.train_ranges.get(name)
         if bounds is not None and entry.get("type") in ("integer", "number"):
             entry.update(range_schema(bounds))
         if found.help:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pydantic_core import PydanticCustomError
 
 from kitcli.errors import KitError, did_you_mean
+from kitcli.recipe.config_fields import TRAINING_RANGES, Range
 from kitcli.recipe.held_out_spec import HeldOutSpec
 from kitcli.recipe.stage_rules import check_stage_references, fail, misplaced_keys, stage_name
 from kitcli.recipe.stage_spec import StageSpec
@@ -254,7 +255,7 @@ class StageSection(Section):
 
     name: str | None = Field(None, description="The stage's name (its folder in the run directory).")
     init: str | None = Field(None, description="An earlier stage whose output this stage starts from.")
-    config: ClassVar[str | None] = None  # the trainer config class its `train:` block sets
+    config: ClassVar[str | None] = None  # the trainer config class its `train:` block sets: its StageSpec's
 
 
 class TrainingSection(StageSection):
@@ -265,6 +266,10 @@ class TrainingSection(StageSection):
     eval: HeldOutSpec[DataSpec, GenerationSpec, RewardSpec] | None = Field(None, description="Held-out evaluation "
                                                                            "while it trains (docs/stages.md).")
     reserved: ClassVar[dict[str, str]] = RESERVED_TRAIN
+    # The kit's ranges and choices for train: fields, which no library declares (TrainingArguments' here; a stage
+    # type's section adds its method's own). A config's declared choices (TRL's metadata) are read from it.
+    train_ranges: ClassVar[dict[str, Range]] = TRAINING_RANGES
+    train_choices: ClassVar[dict[str, Any]] = {}
 
     @field_validator("train", mode="before")
     @classmethod
@@ -278,13 +283,14 @@ class TrainingSection(StageSection):
     @field_validator("train", mode="after")
     @classmethod
     def fields_and_values(cls, train: dict[str, Any]) -> dict[str, Any]:
-        check_train(cls.config, train, cls.reserved)
+        check_train(cls, train)
         return train
 
 
-def check_train(config: str | None, train: dict[str, Any], reserved: dict[str, str]) -> None:
-    """Every `train:` key is a field of the stage's config, of the right type and in the kit's range: every faulty
-    key is named (one line each), and set aside for the rest of the check (kitcli/recipe/faults.py)."""
+def check_train(section: type[TrainingSection], train: dict[str, Any]) -> None:
+    """Every `train:` key is a field of the stage's config, of the right type and in the section's range: every
+    faulty key is named (one line each), and set aside for the rest of the check (kitcli/recipe/faults.py)."""
+    config, reserved = section.config, section.reserved
     if config is None:
         return
     from kitcli.recipe.config_fields import check_value, config_fields
@@ -297,7 +303,7 @@ def check_train(config: str | None, train: dict[str, Any], reserved: dict[str, s
             faults[key] = f"train.{key} is set by the kit ({reserved[key]}); remove it"
         elif key not in names:
             faults[key] = f"train.{key} is not a {config} field{did_you_mean(key, names)}"
-        elif (expected := check_value(config, key, value)) is not None:
+        elif (expected := check_value(config, key, value, section.train_ranges, section.train_choices)) is not None:
             faults[key] = f"{config} rejected the train settings: train.{key} must be {expected}, got {value!r}"
             bad_values.append(key)
     if faults:

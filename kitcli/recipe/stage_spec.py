@@ -56,6 +56,11 @@ class StageSpec:
     order: int = 200  # where it is listed (help, messages, schemas): the kit's own in pipeline order, plugins after
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """The config class is named once, here: the section's `train:` check reads it from the spec."""
+        if hasattr(self.section, "config"):
+            self.section.config = self.config_name
+
     @property
     def trainer_name(self) -> str | None:
         return self.trainer.rsplit(":", 1)[1] if self.trainer else None

@@ -50,6 +50,7 @@ from kitcli.data.rows import to_dataset
 from kitcli.errors import KitError, did_you_mean
 from kitcli.models.backend import cuda_available, load_stage_policy, save_model
 from kitcli.recipe import stage_types
+from kitcli.recipe.config_fields import AT_LEAST_ONE, FRACTION, NOT_NEGATIVE, POSITIVE, TRAINING_RANGES, Range
 from kitcli.recipe.schema import RESERVED_TRAIN, Section, TrainingSection, base_dir_of, fail, resolve_model_name
 from kitcli.recipe.stage_context import StageContext
 from kitcli.recipe.stage_spec import StageSpec
@@ -100,7 +101,9 @@ class DistillSection(TrainingSection):
     type: Literal["distill"]
     teacher: TeacherSpec = Field(description="The frozen teacher: {stage: NAME} or {model: NAME_OR_PATH}.")
     system_prompt: str | None = Field(None, description="A system message put before every prompt.")
-    config: ClassVar[str] = "DistillationConfig"
+    train_ranges: ClassVar[dict[str, Range]] = {
+        **TRAINING_RANGES, "max_completion_length": AT_LEAST_ONE, "temperature": POSITIVE, "top_p": Range(0, True, 1),
+        "top_k": NOT_NEGATIVE, "beta": FRACTION}
     reserved: ClassVar[dict[str, str]] = {
         **RESERVED_TRAIN, "teacher_model_name_or_path": THE_TEACHER, "teacher_model_revision": THE_TEACHER,
         "teacher_model_init_kwargs": f"{THE_TEACHER}, loaded with the recipe's model: settings",

@@ -33,6 +33,7 @@ from pydantic import Field
 from kitcli.data.rows import apply_system_prompt, to_dataset
 from kitcli.errors import KitError
 from kitcli.models.backend import cuda_available, is_peft_model, load_stage_policy, save_model
+from kitcli.recipe.config_fields import Range, TypeSpec, union
 from kitcli.recipe.stage_context import StageContext
 from kitcli.recipe.stage_spec import StageSpec
 from kitcli.stages.pairs import PreferenceSection, describe_data, final_evaluation, has_eval, train_eval_rows
@@ -42,13 +43,21 @@ from kitcli.training.held_out import attach_held_out, describe_held_out
 from kitcli.training.progress import attach_progress, read_metrics
 from kitcli.training.trl_config import build_config, config_dict, config_summary
 
+DPO_LOSSES = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
+              "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft")
+
 
 class DPOSection(PreferenceSection):
     """Direct preference optimization: TRL's DPOTrainer against a frozen copy of the starting policy."""
 
     type: Literal["dpo"]
     system_prompt: str | None = Field(None, description="A system message put before every prompt (chat data).")
-    config: ClassVar[str] = "DPOConfig"
+    train_ranges: ClassVar[dict[str, Range]] = {**PreferenceSection.train_ranges,
+                                                "label_smoothing": Range(0, False, 0.5, False)}
+    # DPOConfig's loss_type is a str or a list of them (weighted mixtures); TRL declares no choices for either
+    train_choices: ClassVar[dict[str, Any]] = {
+        "loss_type": union(TypeSpec("choice", DPO_LOSSES), TypeSpec("list", (TypeSpec("choice", DPO_LOSSES),))),
+        "f_divergence_type": ("reverse_kl", "js_divergence", "alpha_divergence")}
 TRACKED = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins")
 
 

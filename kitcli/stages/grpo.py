@@ -58,6 +58,7 @@ from pydantic import Field
 from kitcli.data.rows import read_rows, to_dataset, with_system_prompt
 from kitcli.errors import KitError
 from kitcli.models.backend import cuda_available, load_stage_policy, save_model
+from kitcli.recipe.config_fields import AT_LEAST_ONE, FRACTION, NOT_NEGATIVE, POSITIVE, TRAINING_RANGES, Range
 from kitcli.recipe.schema import RESERVED_TRAIN
 from kitcli.recipe.stage_context import StageContext
 from kitcli.recipe.stage_spec import StageSpec
@@ -100,6 +101,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
               **{k: v for k, v in SOFT_GATES.items() if k.startswith("vespo_")}},
 }
 DEFAULT_VARIANT = "grpo"
+# The kit's ranges and choices for the sampling stages' config fields (GRPOConfig, RLOOConfig), which TRL neither
+# declares nor checks (a value outside them fails deep inside the trainer, or trains nothing).
+SAMPLING_RANGES: dict[str, Range] = {
+    **TRAINING_RANGES, "max_completion_length": AT_LEAST_ONE, "num_generations": Range(2),
+    "generation_batch_size": AT_LEAST_ONE, "steps_per_generation": AT_LEAST_ONE, "num_iterations": AT_LEAST_ONE,
+    "temperature": POSITIVE, "top_p": Range(0, True, 1), "top_k": NOT_NEGATIVE, "min_p": FRACTION,
+    "repetition_penalty": POSITIVE, "epsilon": POSITIVE, "epsilon_high": POSITIVE, "beta": NOT_NEGATIVE,
+    "delta": POSITIVE, "top_entropy_quantile": Range(0, True, 1), "sapo_temperature_pos": POSITIVE,
+    "sapo_temperature_neg": POSITIVE, "vespo_k_pos": NOT_NEGATIVE, "vespo_k_neg": NOT_NEGATIVE,
+    "vespo_lambda_pos": POSITIVE, "vespo_lambda_neg": POSITIVE}
+SAMPLING_CHOICES: dict[str, tuple] = {
+    "loss_type": ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"),
+    "scale_rewards": ("group", "batch", "none", True, False), "importance_sampling_level": ("token", "sequence"),
+    "multi_objective_aggregation": ("sum_then_normalize", "normalize_then_sum"), "vllm_mode": ("server", "colocate")}
 
 
 class GRPOSection(ToolsSection):
@@ -108,8 +123,9 @@ class GRPOSection(ToolsSection):
     type: Literal["grpo"]
     variant: Literal[tuple(VARIANTS)] = Field(DEFAULT_VARIANT, description="The objective: " + ", ".join(VARIANTS))
     unsloth: UnslothSpec = unsloth_field()
-    config: ClassVar[str] = "GRPOConfig"
     reserved: ClassVar[dict[str, str]] = {**RESERVED_TRAIN, "reward_weights": "each reward's weight: gives it"}
+    train_ranges: ClassVar[dict[str, Range]] = SAMPLING_RANGES
+    train_choices: ClassVar[dict[str, tuple]] = SAMPLING_CHOICES
 
 
 def base_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, Any]:

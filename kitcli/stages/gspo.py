@@ -56,8 +56,9 @@ class GSPOSection(ToolsSection):
                                                                   "term scaled by its length)")
     allow_on_policy: bool = Field(False, description="Run on-policy settings anyway (the sequence ratio is then 1).")
     unsloth: UnslothSpec = unsloth_field()
-    config: ClassVar[str] = "GRPOConfig"
     reserved: ClassVar[dict[str, str]] = {**RESERVED_TRAIN, "reward_weights": "each reward's weight: gives it"}
+    train_ranges: ClassVar[dict] = grpo.SAMPLING_RANGES
+    train_choices: ClassVar[dict] = grpo.SAMPLING_CHOICES
 
 
 GSPO_PRESET: dict[str, Any] = {

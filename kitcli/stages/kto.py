@@ -58,6 +58,7 @@ from pydantic import Field
 from kitcli.data.rows import apply_system_prompt, read_rows, to_dataset
 from kitcli.errors import KitError
 from kitcli.models.backend import cuda_available, is_peft_model, load_stage_policy, save_model
+from kitcli.recipe.config_fields import POSITIVE, Range
 from kitcli.recipe.stage_context import StageContext
 from kitcli.recipe.stage_spec import StageSpec
 from kitcli.stages.dpo import several_passes
@@ -79,8 +80,9 @@ class KTOSection(PreferenceSection):
 
     type: Literal["kto"]
     system_prompt: str | None = Field(None, description="A system message put before every prompt (chat data).")
-    config: ClassVar[str] = "KTOConfig"
     sequences_per_row: ClassVar[int] = 1  # one completion with gradients (the KL pass runs without)
+    train_ranges: ClassVar[dict[str, Range]] = {**PreferenceSection.train_ranges, "desirable_weight": POSITIVE,
+                                                "undesirable_weight": POSITIVE}
 
 
 # --- data --------------------------------------------------------------------------------------------------------

@@ -45,7 +45,6 @@ class ORPOSection(reference_free.ReferenceFreeSection):
     type: Literal["orpo"]
     system_prompt: str | None = Field(None, description="A system message put before every prompt (chat data).")
     method: ClassVar[str] = "ORPO"
-    config: ClassVar[str] = "ORPOConfig"
 
 
 def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 
 from kitcli.data.rows import read_rows, require_columns
 from kitcli.errors import KitError
+from kitcli.recipe.config_fields import POSITIVE, TRAINING_RANGES, Range
 from kitcli.recipe.schema import DataSpec, TrainingSection, fail
 from kitcli.recipe.stage_context import StageContext
 from kitcli.training.progress import read_metrics
@@ -24,6 +25,8 @@ class PreferenceSection(TrainingSection):
     """A stage trained on preference pairs (reward model, DPO), with an eval split."""
 
     sequences_per_row: ClassVar[int] = 2  # chosen and rejected go through the model together (kit plan)
+    # every preference loss scales a log-ratio by beta: 0 would train nothing (or divide by it: SimPO's gamma)
+    train_ranges: ClassVar[dict[str, Range]] = {**TRAINING_RANGES, "beta": POSITIVE}
 
     eval_data: DataSpec | None = Field(None, description="Held-out pairs (instead of eval_fraction).")
     eval_fraction: Annotated[float, Field(ge=0, lt=1)] | None = Field(

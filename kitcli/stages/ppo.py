@@ -30,6 +30,7 @@ from kitcli.errors import KitError
 from kitcli.models.backend import cuda_available, resolve_model_path, save_model
 from kitcli.ppo.checkpoint import CHECKPOINT_FILES
 from kitcli.ppo.config import PPOConfig, ppo_defaults
+from kitcli.recipe.config_fields import AT_LEAST_ONE, FRACTION, NOT_NEGATIVE, POSITIVE, TRAINING_RANGES, Range
 from kitcli.recipe.schema import DataSpec, RewardedSection, fail
 from kitcli.recipe.stage_context import StageContext
 from kitcli.recipe.stage_spec import StageSpec
@@ -189,7 +190,15 @@ class PPOSection(RewardedSection):
 
     type: Literal["ppo"]
     eval_data: DataSpec | None = Field(None, description="Held-out prompts scored before and after training.")
-    config: ClassVar[str] = "PPOConfig"
+    train_ranges: ClassVar[dict[str, Range]] = {
+        **TRAINING_RANGES, "num_mini_batches": AT_LEAST_ONE, "num_ppo_epochs": AT_LEAST_ONE,
+        "response_length": AT_LEAST_ONE, "kl_coef": NOT_NEGATIVE, "kl_target": POSITIVE, "kl_horizon": AT_LEAST_ONE,
+        "cliprange": Range(0, True, 1, True), "cliprange_value": POSITIVE, "vf_coef": NOT_NEGATIVE,
+        "gamma": FRACTION, "lam": FRACTION, "missing_eos_penalty": NOT_NEGATIVE, "temperature": POSITIVE,
+        "top_p": Range(0, True, 1), "top_k": NOT_NEGATIVE}
+    train_choices: ClassVar[dict[str, tuple]] = {
+        "lr_scheduler_type": ("linear", "cosine", "constant", "constant_with_warmup"),
+        "optim": ("adamw_torch", "adamw_torch_fused", "adamw_8bit")}
 
     @model_validator(mode="after")
     def one_held_out(self):

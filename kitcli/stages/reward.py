@@ -27,6 +27,7 @@ from kitcli.data.rows import to_dataset
 from kitcli.errors import KitError
 from kitcli.models.backend import cuda_available, resolve_model_path, save_model
 from kitcli.models.reward_models import load_reward_model, save_merged_reward_model
+from kitcli.recipe.config_fields import NOT_NEGATIVE, Range
 from kitcli.recipe.stage_context import StageContext
 from kitcli.recipe.stage_spec import StageSpec
 from kitcli.stages.pairs import PreferenceSection, describe_data, final_evaluation, has_eval, train_eval_rows
@@ -41,7 +42,8 @@ class RewardSection(PreferenceSection):
     """A reward model: Bradley-Terry training of a scalar head with TRL's RewardTrainer."""
 
     type: Literal["reward"]
-    config: ClassVar[str] = "RewardConfig"
+    train_ranges: ClassVar[dict[str, Range]] = {**PreferenceSection.train_ranges,
+                                                "center_rewards_coefficient": NOT_NEGATIVE}
 
 
 # --- the stage ------------------------------------------------------------------------------------------------------

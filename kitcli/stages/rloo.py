@@ -64,8 +64,9 @@ class RLOOSection(FilteredSection):
     """RLOO: TRL's RLOOTrainer (REINFORCE with a leave-one-out baseline, KL penalty in the reward)."""
 
     type: Literal["rloo"]
-    config: ClassVar[str] = "RLOOConfig"
     reserved: ClassVar[dict[str, str]] = {**RESERVED_TRAIN, "reward_weights": "each reward's weight: gives it"}
+    train_ranges: ClassVar[dict] = grpo.SAMPLING_RANGES
+    train_choices: ClassVar[dict] = {"vllm_mode": grpo.SAMPLING_CHOICES["vllm_mode"]}
 
 
 # The fields that decide RLOO's objective beyond the generation settings it shares with GRPO (grpo.base_defaults).

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -30,7 +30,6 @@ class SFTSection(TrainingSection):
 
     type: Literal["sft"]
     system_prompt: str | None = Field(None, description="A system message put before every prompt (chat data).")
-    config: ClassVar[str] = "SFTConfig"
 
 
 def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, Any]:

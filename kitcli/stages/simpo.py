@@ -35,6 +35,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from kitcli.recipe.config_fields import NOT_NEGATIVE, Range
 from kitcli.recipe.schema import fail
 from kitcli.recipe.stage_context import StageContext
 from kitcli.recipe.stage_spec import StageSpec
@@ -49,7 +50,9 @@ class SimPOSection(reference_free.ReferenceFreeSection):
     type: Literal["simpo"]
     system_prompt: str | None = Field(None, description="A system message put before every prompt (chat data).")
     method: ClassVar[str] = "SimPO"
-    config: ClassVar[str] = "CPOConfig"
+    train_ranges: ClassVar[dict[str, Range]] = {
+        **reference_free.ReferenceFreeSection.train_ranges, "simpo_gamma": NOT_NEGATIVE, "cpo_alpha": NOT_NEGATIVE,
+        "label_smoothing": Range(0, False, 0.5, False)}
 
     @model_validator(mode="after")
     def simpo_loss(self):
