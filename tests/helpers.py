@@ -138,19 +138,20 @@ class PrecisionGap:
     `inputs()` runs the test's forwards (forward_precision()) and returns the formula's inputs by name: per-token
     log-probs, sequence log-probs, rewards. In the "bf16" mode it runs twice, with its forwards in bf16 and in
     float32, and |x_bf16 - x_fp32| of each value (where `mask`) is the measured gap: how far a bf16 forward puts that
-    value from float32. The trainer's bf16 forwards (the same model, tokens and autocast) are taken to be off by as
-    much, so two bf16 computations of one formula, the trainer's and the test's, differ by at most twice the gap's
-    effect (the triangle inequality through the float32 value):
-      value_tolerance(f)    = 2 * sum over values x_t of max(|f(x + gap_t e_t) - f(x)|, |f(x - gap_t e_t) - f(x)|),
-                              each value moved by its own gap, one at a time: the first-order worst case. For a
-                              GRPO-type loss a token's term moves by about r |A| / (G |o|) per nat, so this is about
-                              2 x mean gap x mean |A| x r ("k * gap * |A|", k = 2);
-      gradient_tolerance(f) = 2 * max over elements of |grad f(bf16 inputs) - grad f(float32 inputs)|, the same
-                              measurement for the gradient (its backward runs in bf16 too);
-      input_tolerance(name) = 2 * the largest gap of one input, for that input compared value by value
-                              (sequence_tolerance: 2 * the largest sum of one row's gaps, for a sum over tokens;
-                              mean_tolerance: 2 * the mean gap, for the mean |difference| over the values).
-    In the "fp32" mode nothing is measured and every tolerance is 0: the float32 assertions are today's."""
+    value from float32. A trainer's bf16 forwards (the same model, tokens and autocast) are taken to be off by as
+    much, so the trainer's value and the test's, each one bf16 rounding of the same float32 value, differ by about
+    twice the gap:
+      mean_tolerance(name)     = 2 * the mean gap of one input: for the mean |difference| over its values (what the
+                                 formula tests compare: the trainer's own log-probs / rewards against the test's);
+      input_tolerance(name)    = 2 * the largest gap of one input (the formula tests keep token ratios that far
+                                 clear of a clip edge); sequence_tolerance: 2 * the largest sum of one row's gaps;
+      value_tolerance(f)       = 2 * sum over values x_t of max(|f(x + gap_t e_t) - f(x)|, |f(x - gap_t e_t) - f(x)|),
+                                 each value moved by its own gap, one at a time (the first-order worst case of a
+                                 formula evaluated on two independent bf16 forwards);
+      gradient_tolerance(f)    = 2 * max over elements of |grad f(bf16 inputs) - grad f(float32 inputs)|.
+    The formula tests compare a trainer's loss with the formula on the trainer's own inputs from the same forward
+    (tests/same_forward.py), which needs none of these; the gap bounds their second check, against the test's own
+    forward. In the "fp32" mode nothing is measured and every tolerance is 0: the float32 assertions are today's."""
 
     def __init__(self, inputs, mask=None):
         self.measured = current_precision() == "bf16"

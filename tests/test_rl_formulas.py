@@ -5,15 +5,18 @@ compared with what the trainer the kit builds (the real `build_trainer`, after U
 A TRL or Unsloth change that alters an advantage, a ratio, the clipping or the aggregation fails here. Every test runs
 twice: on TRL's own GRPOTrainer (what a CPU run uses) and on Unsloth's generated UnslothGRPOTrainer (what a GPU run
 uses), forced on the CPU (conftest.trainer_family).
-Rewards are fixed numbers (a reward file returns them by position), so the advantages are known in advance;
-old log-probabilities are shifted by a fixed random amount so that ratios differ from 1 and some are clipped.
+Rewards are fixed numbers (a reward file returns them by position), so the advantages are known in advance; the
+completions end at unequal lengths (LENGTHS), so every normalisation is its own; old log-probabilities are the
+trainer's own current ones shifted by fixed amounts, so the ratios its loss sees are known and fall on both sides of
+each clip edge. The constants of each formula (beta, epsilon, the temperatures) are written here as the paper and the
+kit's preset give them, not read from the trainer: a preset or trainer with another value fails on the loss.
 
-The tests that compare a loss also run at the GPU's precision (conftest.precision, docs/conformance.md): the "-bf16"
-cases build the trainer with the kit's GPU dtype settings and run the test's own forwards under bf16 autocast, on
-the CPU too. Their tolerances are derived from the gap between the test's forwards at bf16 and at float32, measured
-on the test's own batch (helpers.PrecisionGap), and their clip decisions are kept clear of the clip edges by twice
-the largest per-token gap (helpers.clear_of). In float32 (the cases without a suffix) nothing of that changes a
-number: the fixtures and tolerances are the float32 ones.
+Each loss is checked twice (docs/conformance.md): against the formula evaluated on the trainer's own per-token
+log-probs from the same forward (recorded while it computes the loss: tests/same_forward.py), loss and gradient, to
+float32 rounding in both precision modes; and against the test's own forward pass: in float32 (the cases without a
+suffix) the loss and gradient of the formula on it, as before; at the GPU's precision (the "-bf16" cases,
+conftest.precision: the kit's GPU dtype settings and bf16 autocast on the CPU too) the trainer's log-probs against it,
+on average within the gap measured between the test's forwards at bf16 and at float32 (helpers.PrecisionGap).
 """
 
 from __future__ import annotations
@@ -25,17 +28,33 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import (
-    DATA,
-    PrecisionGap,
-    clear_of,
-    forward_precision,
-    move_policy,
-    precision_scale,
-    trainer_loss,
-    write_recipe,
+from grpo_batches import (
+    GROUPS,
+    LENGTHS,
+    MAX_LENGTH,
+    MICRO,
+    SCORES,
+    TEMPERATURE,
+    G,
+    assert_both_sides_of_each_edge,
+    assert_policy_is_the_tests,
+    assert_trainer_is_the_formula,
+    clip_crossings,
+    clip_edges,
+    clipped,
+    generation_batch,
+    held,
+    logprob_gap,
+    loss_logps,
+    micro_batch,
+    only,
+    per_sequence_mean,
+    policy_logps,
+    with_old_logps,
 )
+from helpers import DATA, PrecisionGap, move_policy, precision_scale, trainer_loss, write_recipe
 from rich.console import Console
+from same_forward import compared, float32_tolerance
 
 from kitcli.recipe.load import load_recipe
 from kitcli.recipe.stage_context import StageContext
@@ -43,11 +62,6 @@ from kitcli.stages import grpo, gspo
 from kitcli.training.trainers import is_unsloth_class
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("family")]  # every test builds a model, on both families
-
-GROUPS = 2
-G = 4  # completions per prompt
-SCORES = [1.0, 0.0, 0.0, 1.0, 0.5, 2.0, 0.5, 0.0]  # group 1, then group 2
-TEMPERATURE = 0.8  # not 1, so a trainer that forgot the sampling temperature in its log-probs would be caught
 
 
 def build(tmp_path: Path, stage_type: str, train: dict | None = None, variant: str | None = None):
@@ -59,8 +73,8 @@ def build(tmp_path: Path, stage_type: str, train: dict | None = None, variant: s
     """))
     stage = {"name": "rl", "type": stage_type, "data": str(DATA / "arithmetic_prompts.jsonl"),
              "rewards": ["fixed_rewards.py:fixed"],
-             "train": {"per_device_train_batch_size": GROUPS * G, "num_generations": G, "max_completion_length": 6,
-                       "temperature": TEMPERATURE, **(train or {})}}
+             "train": {"per_device_train_batch_size": GROUPS * G, "num_generations": G,
+                       "max_completion_length": MAX_LENGTH, "temperature": TEMPERATURE, **(train or {})}}
     if variant:
         stage["variant"] = variant
     recipe = load_recipe(str(write_recipe(tmp_path / "r.yaml", [stage])))
@@ -74,77 +88,8 @@ def build(tmp_path: Path, stage_type: str, train: dict | None = None, variant: s
     return trainer
 
 
-def generation_batch(trainer) -> dict:
-    """One generation batch scored by the fixed rewards, computed in eval mode (no gradient accumulation)."""
-    rows = [trainer.train_dataset[i] for i in range(GROUPS)]
-    trainer.model.eval()
-    torch.manual_seed(0)
-    return trainer._generate_and_score_completions([row for row in rows for _ in range(G)])
-
-
-def policy_logps(model, batch: dict) -> torch.Tensor:
-    """log pi_theta(o_t | q, o_<t) of each completion token at the sampling temperature, by a plain forward pass."""
-    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    with forward_precision():
-        logits = model(input_ids=ids, attention_mask=mask).logits
-    n = batch["completion_ids"].shape[1]
-    logits = logits[:, -n - 1:-1, :].float() / TEMPERATURE
-    return torch.log_softmax(logits, dim=-1).gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
-
-
-def with_old_logps(trainer, batch: dict, spread: float, offsets: torch.Tensor | None = None,
-                   edges: tuple[float, ...] = (), margin: float = 0.0):
-    """The batch with old log-probabilities = current - shift, so the token ratios are exp(shift): a fixed random
-    shift per token, plus `offsets` per sequence (to place whole sequences inside or outside the clip range).
-    `edges`, `margin`: every token's log-ratio kept `margin` clear of each clip edge (0 in float32: unchanged)."""
-    with torch.no_grad():
-        current = policy_logps(trainer.model, batch)
-    noise = torch.rand(current.shape, generator=torch.Generator().manual_seed(1))
-    shift = ((noise * 2 - 1) * spread).to(current.device)
-    if offsets is not None:
-        shift = shift + offsets.to(current.device).unsqueeze(1)
-    shift = clear_of(shift, edges, margin)
-    return {**batch, "old_per_token_logps": current - shift}, shift
-
-
-def clip_edges(config) -> tuple[float, float]:
-    """The clip range [1 - epsilon, 1 + epsilon_high] as log-ratios."""
-    return math.log(1 - config.epsilon), math.log(1 + config.epsilon_high)
-
-
-def logprob_gap(model, batch: dict) -> PrecisionGap:
-    """The policy's per-token log-probs at bf16 and at float32 on this batch (nothing measured in float32)."""
-    return PrecisionGap(lambda: {"logps": policy_logps(model, batch)}, batch["completion_mask"].float())
-
-
 def group_rewards() -> torch.Tensor:
     return torch.tensor(SCORES).view(GROUPS, G)
-
-
-def trainable(model) -> list[torch.nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]
-
-
-def loss_and_grads(loss: torch.Tensor, model) -> tuple[float, list[torch.Tensor]]:
-    params = trainable(model)
-    grads = torch.autograd.grad(loss, params, allow_unused=True)
-    return loss.item(), [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
-
-
-def assert_same(trl: tuple[float, list], ours: tuple[float, list], magnitude: float = 1.0,
-                bf16: tuple[float, float] = (0.0, 0.0)) -> None:
-    """`magnitude`: how many times larger than a mean over tokens the loss's terms are (its float32 rounding too).
-    `bf16`: the (loss, gradient) tolerances measured for the bf16 case (bf16_tolerances), added to the float32 ones."""
-    scale = precision_scale()  # 1 on a CPU
-    assert trl[0] == pytest.approx(ours[0], rel=1e-4 * scale, abs=1e-7 * scale * magnitude + bf16[0])
-    for a, b in zip(trl[1], ours[1]):
-        torch.testing.assert_close(a, b, rtol=1e-3 * scale, atol=1e-7 * scale * magnitude + bf16[1])
-
-
-def bf16_tolerances(gap: PrecisionGap, objective, model) -> tuple[float, float]:
-    """The loss's and the gradient's tolerance in bf16, derived from the gap of `objective`'s inputs (0 in float32)."""
-    return gap.value_tolerance(objective), gap.gradient_tolerance(objective, model)
 
 
 def test_group_z_score_advantage(tmp_path):
@@ -174,19 +119,17 @@ def test_batch_scaled_advantage(tmp_path):
     torch.testing.assert_close(advantages, expected, rtol=1e-3, atol=1e-3)
 
 
-def clipped(ratio, advantage, low, high):
-    return torch.min(ratio * advantage, torch.clamp(ratio, 1 - low, 1 + high) * advantage)
-
-
 def test_grpo_loss_matches_deepseekmath_formula(tmp_path, precision):
     """L = -1/G sum_i 1/|o_i| sum_t [min(r A, clip(r) A) - beta KL_t], KL_t = pi_ref/pi - log(pi_ref/pi) - 1,
-    with the policy moved off its reference first (a fresh LoRA has B = 0: KL and its gradient would be 0 whatever
-    the trainer does) and the reference log-probs computed here, from the starting weights, not taken from the
-    trainer. A dropped or sign-flipped KL term, or a reference that follows the live policy, fails (in bf16 too:
-    the KL term must outweigh the tolerance)."""
-    trainer = build(tmp_path, "grpo", variant="grpo", train={"beta": 0.5})
+    with beta 0.5 (the stage's train.beta) and DeepSeekMath's clip 0.2 on both sides (the grpo preset's), the policy
+    moved off its reference first (a fresh LoRA has B = 0: KL and its gradient would be 0 whatever the trainer does)
+    and the reference log-probs computed here, from the starting weights, not taken from the trainer. A dropped,
+    sign-flipped or rescaled KL term, a reference that follows the live policy, another clip or Dr. GRPO's
+    normalisation (the completions' lengths differ) fails, in bf16 too."""
+    beta, epsilon = 0.5, 0.2
+    trainer = build(tmp_path, "grpo", variant="grpo", train={"beta": beta})
     config = trainer.args
-    assert (config.loss_type, config.beta, config.epsilon) == ("grpo", 0.5, 0.2)
+    assert (config.loss_type, config.beta, config.epsilon, config.epsilon_high) == ("grpo", beta, epsilon, epsilon)
     model = trainer.model
     move_policy(model, 0.025)  # before sampling: the trainer's reference log-probs must still be the start's
 
@@ -194,120 +137,177 @@ def test_grpo_loss_matches_deepseekmath_formula(tmp_path, precision):
         with torch.no_grad(), model.disable_adapter():  # the starting policy: the base (its fresh adapter adds 0)
             return policy_logps(model, batch)
 
-    raw = generation_batch(trainer)
-    gap = PrecisionGap(lambda: {"logps": policy_logps(model, raw), "start": starting_policy(raw)},
-                       raw["completion_mask"].float())
-    batch, _ = with_old_logps(trainer, raw, spread=0.4, edges=clip_edges(config),
+    raw = generation_batch(trainer, LENGTHS)
+    mask = raw["completion_mask"].float()
+    gap = PrecisionGap(lambda: {"logps": policy_logps(model, raw), "start": starting_policy(raw)}, mask)
+    batch, _ = with_old_logps(trainer, raw, spread=0.4, edges=clip_edges(epsilon, epsilon),
                               margin=gap.input_tolerance("logps"))
-    mask = batch["completion_mask"].float()
     advantages = batch["advantages"].unsqueeze(1)
     start = starting_policy(batch)
     if gap.measured:  # bf16: two roundings of one value differ token by token by up to the sum of their errors,
         # which on one token may each be the largest (the trainer's and this test's own largest are different
         # samples): compared on average, the trainer's error and the test's are each the measured mean gap
         difference = (batch["ref_per_token_logps"] - start).abs()[mask.bool()].mean().item()
-        assert difference <= gap.mean_tolerance("start"), (difference, str(gap))
-    else:
-        torch.testing.assert_close(batch["ref_per_token_logps"], start, rtol=1e-4 * precision_scale(),
-                                   atol=1e-5 * precision_scale())
+        assert compared("reference log-probs", difference, gap.mean_tolerance("start")), (difference, str(gap))
+    else:  # (on the completions' tokens: the padding after a shorter one is nobody's log-prob)
+        torch.testing.assert_close(batch["ref_per_token_logps"][mask.bool()], start[mask.bool()],
+                                   rtol=1e-4 * precision_scale(), atol=1e-5 * precision_scale())
 
-    def token_kl(logps, start):
-        log_ref_ratio = start - logps
+    def token_kl(logps, reference):
+        log_ref_ratio = reference - logps
         return torch.exp(log_ref_ratio) - log_ref_ratio - 1
 
-    def token_mean_kl(logps, start):
-        return (token_kl(logps, start) * mask).sum() / mask.sum()
-
-    def objective(logps, start):
+    def objective(logps, reference, aggregate=per_sequence_mean):
         ratio = torch.exp(logps - batch["old_per_token_logps"])
-        kl_term = config.beta * token_kl(logps, start)
-        per_token = clipped(ratio, advantages, config.epsilon, config.epsilon_high) - kl_term
-        return -((per_token * mask).sum(1) / mask.sum(1)).mean()
+        return -aggregate(clipped(ratio, advantages, epsilon, epsilon) - beta * token_kl(logps, reference), mask)
 
-    logps = policy_logps(model, batch)
-    ratio = torch.exp(logps - batch["old_per_token_logps"])
-    kl = token_kl(logps, start)
-    mean_kl = token_mean_kl(logps, start).item()
+    def dr_grpo(per_token, mask):  # Dr. GRPO's aggregation, for the batch's check
+        return (per_token * mask).sum() / (mask.shape[0] * MAX_LENGTH)
+
+    with loss_logps(trainer) as seen:
+        loss = trainer_loss(trainer, batch, model)
+    logps, reference = only(seen, batch), batch["ref_per_token_logps"]  # the trainer's own, from its own forwards
+    with torch.no_grad():
+        ratio = torch.exp(logps - batch["old_per_token_logps"])
+        assert_both_sides_of_each_edge(clip_crossings(ratio, advantages, epsilon, epsilon, mask))
+        mean_kl = ((token_kl(logps, reference) * mask).sum() / mask.sum()).item()
+        kl_term = beta * per_sequence_mean(token_kl(logps, reference), mask).item()
+        tolerance = float32_tolerance(objective(logps, reference).item())
+        normalised_apart = abs(objective(logps, reference).item() - objective(logps, reference, dr_grpo).item())
     assert mean_kl > 0.01, "the policy must have moved off its reference, or the KL term is not tested"
-    ours = objective(logps, start)
-    assert 0 < ((ratio - 1).abs() > config.epsilon).float().mean() < 1, "the batch must exercise the clipping"
+    assert 0.2 * kl_term > 3 * tolerance, f"a fifth of the KL term ({kl_term:.2e}) must outweigh the tolerance"
+    assert normalised_apart > 3 * tolerance, "the batch must tell GRPO's normalisation from Dr. GRPO's"
 
-    tolerances = bf16_tolerances(gap, objective, model)
-    kl_term = (config.beta * (kl * mask).sum(1) / mask.sum(1)).mean().item()
-    assert kl_term > tolerances[0], f"the KL term ({kl_term:.2e}) must outweigh the tolerance ({tolerances[0]:.2e})"
-    assert_same(loss_and_grads(trainer_loss(trainer, batch, model), model), loss_and_grads(ours, model),
-                bf16=tolerances)
+    trainer_result = assert_trainer_is_the_formula(loss, lambda logps: objective(logps, reference), logps, model)
+    assert_policy_is_the_tests(trainer_result, lambda logps: objective(logps, start), logps, model, batch, gap)
     if is_unsloth_class(type(trainer)):  # the autocast Unsloth latched for its loss (rl_replacements.py)
         assert (trainer._autocast_enabled, trainer._autocast_dtype) == (precision == "bf16", torch.bfloat16)
-    assert trainer._metrics["eval"]["kl"][-1] == pytest.approx(
-        mean_kl, rel=1e-4 * precision_scale(), abs=gap.value_tolerance(token_mean_kl) or None), str(gap)
+    # the logged kl: per token, of the trainer's own log-probs; in float32 also of the test's forward
+    logged = trainer._metrics["eval"]["kl"][-1]
+    assert compared("kl metric", abs(logged - mean_kl), 1e-4 * mean_kl), (logged, mean_kl)
+    if not gap.measured:
+        ours = policy_logps(model, batch)
+        expected_kl = ((token_kl(ours, start) * mask).sum() / mask.sum()).item()
+        assert logged == pytest.approx(expected_kl, rel=1e-4 * precision_scale())
 
 
-def sequence_offsets(config, gap: PrecisionGap, spread: float) -> torch.Tensor:
-    """Sequence log-ratios from -1.5e-3 to 1.5e-3 around GSPO's clip range [1 - 3e-4, 1 + 4e-4]. In bf16, moved out
-    of it on both sides by more than a bf16 forward can move a sequence's mean log-ratio (twice the largest
-    per-token gap) plus the token noise (`spread`): the range is narrower than that, so no sequence stays inside."""
-    margin = gap.input_tolerance("logps") + spread if gap.measured else 0.0
-    return clear_of(torch.linspace(-1.5e-3, 1.5e-3, GROUPS * G), clip_edges(config), margin)
+# GSPO's and LUSPO's clip range, [1 - 3e-4, 1 + 4e-4] (the GSPO paper's), and the sequences' log-ratios placed around
+# it on the trainer's own log-probs, by advantage sign (+ - - + - + - -): held above (1.5e-3) and below (-1.5e-3,
+# -6e-4) the range, inside it (2e-4, -1e-4), above it with A < 0 (not held), and far outside (+-0.1). The ten times
+# wider range [1 - 3e-3, 1 + 4e-3] would not hold the first three. Token ratios spread +-0.01 around their
+# sequence's (centred: a sequence's geometric mean is its offset), so token-level ratios would clip other tokens.
+SEQUENCE_EPSILONS = (3e-4, 4e-4)
+SEQUENCE_OFFSETS = torch.tensor([1.5e-3, -1.5e-3, 2e-4, -1e-4, 1.5e-3, 0.1, -0.1, -6e-4])
+TOKEN_SPREAD = 0.01
+
+
+def sequence_level_batch(trainer, lengths: tuple[int, ...] | None = None) -> tuple[dict, torch.Tensor]:
+    """A GSPO / LUSPO batch: old log-probs placing each sequence at its offset (completions of `lengths`)."""
+    raw = generation_batch(trainer, lengths)
+    return with_old_logps(trainer, raw, spread=TOKEN_SPREAD, offsets=SEQUENCE_OFFSETS, centred=True)
+
+
+def sequence_ratio_of(logps, batch: dict):
+    """s_i = exp(1/|o_i| sum_t log(pi/pi_old)), the geometric mean of the token ratios."""
+    mask = batch["completion_mask"].float()
+    return torch.exp(((logps - batch["old_per_token_logps"]) * mask).sum(1) / mask.sum(1))
+
+
+def assert_sequences_placed(logps, batch: dict, objective, token_level, tolerance: float) -> None:
+    """The trainer's own sequence ratios are the offsets (float32 rounding apart), on both sides of each edge of the
+    paper's range and inside it, and the batch tells the sequence-level loss from the token-level one and the
+    paper's clip range from one ten times wider (by more than three tolerances)."""
+    low, high = SEQUENCE_EPSILONS
+    with torch.no_grad():
+        ratio = sequence_ratio_of(logps, batch)
+        torch.testing.assert_close(torch.log(ratio), SEQUENCE_OFFSETS.to(ratio), rtol=0, atol=1e-6)
+        assert_both_sides_of_each_edge(clip_crossings(ratio, batch["advantages"], low, high))
+        value = objective(logps, low, high).item()
+        assert abs(value - objective(logps, 10 * low, 10 * high).item()) > 3 * tolerance, "a wider clip must show"
+        assert abs(value - token_level(logps, low, high).item()) > 3 * tolerance, "token ratios must show"
 
 
 def test_gspo_sequence_ratio_and_clipped_objective(tmp_path, precision):
     """s_i = exp(1/|y_i| sum_t log(pi/pi_old)), the geometric mean of the token ratios;
-    L = -1/G sum_i min(s_i A_i, clip(s_i, 1-eps, 1+eps_high) A_i)."""
+    L = -1/G sum_i min(s_i A_i, clip(s_i, 1 - 3e-4, 1 + 4e-4) A_i) (the paper's clip range)."""
     trainer = build(tmp_path, "gspo", train={"per_device_train_batch_size": GROUPS * G // 4})
     assert trainer.args.steps_per_generation == 4 and trainer.args.gradient_accumulation_steps == 1
     config = trainer.args
-    raw = generation_batch(trainer)
-    gap = logprob_gap(trainer.model, raw)
-    # token noise on top of each sequence's offset
-    batch, shift = with_old_logps(trainer, raw, spread=5e-4, offsets=sequence_offsets(config, gap, 5e-4))
     assert (config.importance_sampling_level, config.loss_type, config.beta) == ("sequence", "grpo", 0.0)
+    assert (config.epsilon, config.epsilon_high) == SEQUENCE_EPSILONS
+    batch, shift = sequence_level_batch(trainer)
+    gap = logprob_gap(trainer.model, batch)
     mask = batch["completion_mask"].float()
     advantages = batch["advantages"]
 
-    def sequence_ratio_of(logps):
-        token_ratio = torch.exp(logps - batch["old_per_token_logps"])
-        return torch.exp((torch.log(token_ratio) * mask).sum(1) / mask.sum(1))
+    def objective(logps, low=SEQUENCE_EPSILONS[0], high=SEQUENCE_EPSILONS[1]):
+        return -clipped(sequence_ratio_of(logps, batch), advantages, low, high).mean()
 
-    def objective(logps):
-        return -clipped(sequence_ratio_of(logps), advantages, config.epsilon, config.epsilon_high).mean()
+    def token_level(logps, low, high):  # the same clip on each token's ratio, averaged per sequence
+        ratio = torch.exp(logps - batch["old_per_token_logps"])
+        return -per_sequence_mean(clipped(ratio, advantages.unsqueeze(1), low, high), mask)
 
-    logps = policy_logps(trainer.model, batch)
-    sequence_ratio = sequence_ratio_of(logps)
-    geometric_mean = torch.exp((shift * mask).sum(1) / mask.sum(1))  # the ratios as constructed
-    torch.testing.assert_close(sequence_ratio.detach(), geometric_mean, rtol=1e-5, atol=1e-6)
-    ours = objective(logps)
-    outside = ((sequence_ratio < 1 - config.epsilon) & (advantages < 0)) | (
-        (sequence_ratio > 1 + config.epsilon_high) & (advantages > 0))
-    assert 0 < outside.float().mean() < 1, "the batch must exercise the sequence-level clipping"
+    with loss_logps(trainer) as seen:
+        loss = trainer_loss(trainer, batch)
+    logps = only(seen, batch)
+    assert_sequences_placed(logps, batch, objective, token_level, float32_tolerance(objective(logps).item()))
+    if not gap.measured:  # and the test's own float32 forward gives the ratios as constructed
+        geometric_mean = torch.exp((shift * mask).sum(1) / mask.sum(1))
+        torch.testing.assert_close(sequence_ratio_of(policy_logps(trainer.model, batch), batch).detach(),
+                                   geometric_mean, rtol=1e-5, atol=1e-6)
 
-    assert_same(loss_and_grads(trainer_loss(trainer, batch), trainer.model), loss_and_grads(ours, trainer.model),
-                bf16=bf16_tolerances(gap, objective, trainer.model))
+    trainer_result = assert_trainer_is_the_formula(loss, objective, logps, trainer.model)
+    assert_policy_is_the_tests(trainer_result, objective, logps, trainer.model, batch, gap)
     # TRL's clip metric counts sequences, one ratio each
-    assert trainer._metrics["eval"]["clip_ratio/region_mean"][-1] == pytest.approx(outside.float().mean().item())
+    crossings = clip_crossings(sequence_ratio_of(logps, batch).detach(), advantages, *SEQUENCE_EPSILONS)
+    assert trainer._metrics["eval"]["clip_ratio/region_mean"][-1] == pytest.approx(held(crossings) / len(advantages))
 
 
 @pytest.mark.parametrize("variant", ["dapo", "dr_grpo", "bnpo"])
 def test_token_level_aggregations(tmp_path, variant, precision):
-    """DAPO/BNPO: sum over all tokens / number of tokens; Dr. GRPO: sum / (G * max_completion_length).
-    (Masking of truncated completions is off here: the untrained tiny model rarely stops within 6 tokens.)"""
-    trainer = build(tmp_path, "grpo", variant=variant, train={"mask_truncated_completions": False})
+    """On one micro-batch of the generation batch (MICRO, half of it, as a training step gets it), with completions
+    of unequal length: DAPO: sum over the micro-batch's tokens / the generation batch's token count; BNPO: / the
+    micro-batch's token count; Dr. GRPO: / (its sequences x max_completion_length). Clip 0.2, and for DAPO 0.28
+    above (clip-higher; the presets'). (Masking of truncated completions is off here: the full-length completions
+    would drop out.)"""
+    low, high = {"dapo": (0.2, 0.28), "dr_grpo": (0.2, 0.2), "bnpo": (0.2, 0.2)}[variant]
+    trainer = build(tmp_path, "grpo", variant=variant,
+                    train={"mask_truncated_completions": False, "per_device_train_batch_size": GROUPS * G // 2,
+                           "gradient_accumulation_steps": 2})
     config = trainer.args
-    raw = generation_batch(trainer)
+    assert (config.loss_type, config.epsilon, config.epsilon_high, config.steps_per_generation) == (
+        variant, low, high, 2)
+    raw = generation_batch(trainer, LENGTHS)
+    generation_tokens = raw["completion_mask"].sum().item()
+    raw = micro_batch(raw, MICRO)
     gap = logprob_gap(trainer.model, raw)
-    batch, _ = with_old_logps(trainer, raw, spread=0.4, edges=clip_edges(config), margin=gap.input_tolerance("logps"))
+    # each completion's token log-ratios -0.6, -0.3, -0.1, 0.1, 0.3, 0.6 (ratios 0.55 to 1.82): below, inside and
+    # above the clip range, held at each edge by the rows' advantage signs (+ - - +)
+    batch, _ = with_old_logps(trainer, raw, pattern=(-0.6, -0.3, -0.1, 0.1, 0.3, 0.6), edges=clip_edges(low, high),
+                              margin=gap.input_tolerance("logps"))
     mask = batch["completion_mask"].float()
+    advantages = batch["advantages"].unsqueeze(1)
+    divisors = {"dapo": lambda: generation_tokens, "bnpo": lambda: mask.sum(),
+                "dr_grpo": lambda: mask.shape[0] * MAX_LENGTH}
 
-    def objective(logps):
+    def objective(logps, aggregation=variant):
+        per_token = clipped(torch.exp(logps - batch["old_per_token_logps"]), advantages, low, high) * mask
+        if aggregation == "grpo":
+            return -per_sequence_mean(per_token, mask)
+        return -per_token.sum() / divisors[aggregation]()
+
+    with loss_logps(trainer) as seen:
+        loss = trainer_loss(trainer, batch)
+    logps = only(seen, batch)
+    with torch.no_grad():
         ratio = torch.exp(logps - batch["old_per_token_logps"])
-        per_token = clipped(ratio, batch["advantages"].unsqueeze(1), config.epsilon, config.epsilon_high) * mask
-        if variant == "dr_grpo":
-            return -per_token.sum() / (mask.shape[0] * config.max_completion_length)
-        return -per_token.sum() / mask.sum()
-
-    ours = objective(policy_logps(trainer.model, batch))
-    assert_same(loss_and_grads(trainer_loss(trainer, batch), trainer.model), loss_and_grads(ours, trainer.model),
-                bf16=bf16_tolerances(gap, objective, trainer.model))
+        assert_both_sides_of_each_edge(clip_crossings(ratio, advantages, low, high, mask))
+        values = {name: objective(logps, name).item() for name in ("grpo", "dapo", "bnpo", "dr_grpo")}
+    tolerance = float32_tolerance(values[variant])
+    assert all(abs(values[variant] - value) > 3 * tolerance for name, value in values.items() if name != variant), (
+        "the batch must tell the four aggregations apart", values)
+    trainer_result = assert_trainer_is_the_formula(loss, objective, logps, trainer.model)
+    assert_policy_is_the_tests(trainer_result, objective, logps, trainer.model, batch, gap)
 
 
 def test_dapo_masks_truncated_completions(tmp_path):
@@ -326,50 +326,49 @@ def test_dapo_masks_truncated_completions(tmp_path):
 
 
 def test_cispo_clips_the_detached_weight_not_the_update(tmp_path, precision):
-    """CISPO (MiniMax-M1): per token -sg(min(r, eps_max)) A log pi, with eps_max = epsilon_high (5.0, ScaleRL) and no
-    lower bound on r; summed over all tokens / number of tokens, like DAPO."""
+    """CISPO (MiniMax-M1): per token -sg(min(r, eps_max)) A log pi, with eps_max = 5.0 (ScaleRL's, the cispo preset's
+    epsilon_high) and no lower bound on r; summed over all tokens / number of tokens, like DAPO."""
+    cap = 5.0
     trainer = build(tmp_path, "grpo", variant="cispo")
     config = trainer.args
     assert (config.loss_type, config.epsilon_high, config.beta, config.importance_sampling_level) == (
-        "cispo", 5.0, 0.0, "token")
-    raw = generation_batch(trainer)
+        "cispo", cap, 0.0, "token")
+    raw = generation_batch(trainer, LENGTHS)
     gap = logprob_gap(trainer.model, raw)
     batch, _ = with_old_logps(trainer, raw, spread=2.5,  # token ratios from 0.08 to 12
-                              edges=(math.log(config.epsilon_high),), margin=gap.input_tolerance("logps"))
+                              edges=(math.log(cap),), margin=gap.input_tolerance("logps"))
     mask = batch["completion_mask"].float()
 
     def per_token_terms(logps):
-        ratio = torch.exp(logps - batch["old_per_token_logps"])
-        weight = torch.clamp(ratio, max=config.epsilon_high).detach()
+        weight = torch.clamp(torch.exp(logps - batch["old_per_token_logps"]), max=cap).detach()
         return -weight * batch["advantages"].unsqueeze(1) * logps * mask
 
     def objective(logps):
         return per_token_terms(logps).sum() / mask.sum()
 
-    logps = policy_logps(trainer.model, batch)
-    ratio = torch.exp(logps - batch["old_per_token_logps"])
-    terms = per_token_terms(logps)
-    ours = terms.sum() / mask.sum()
-    capped = ((ratio > config.epsilon_high) & (mask > 0)).float().sum() / mask.sum()
+    with loss_logps(trainer) as seen:
+        loss = trainer_loss(trainer, batch)
+    logps = only(seen, batch)
+    with torch.no_grad():
+        ratio = torch.exp(logps - batch["old_per_token_logps"])
+        capped = ((ratio > cap) & (mask > 0)).float().sum() / mask.sum()
+        magnitude = per_token_terms(logps).abs().max().item()
     assert 0 < capped < 1, "some token weights must be capped, not all"
     assert (((ratio < 1 - config.epsilon) & (mask > 0)).sum() > 0), "low ratios are kept as they are (no lower clip)"
 
     # The per-token terms (up to 5 x |A| x |log pi|) are far larger than their mean, which cancels to about 1e-3;
-    # their float32 rounding is what a second computation of the same sum may differ by. (In bf16 the loss's
-    # tolerance is larger than the loss, for the same reason: each term moves with its own token's gap while the
-    # sum cancels. There the gradient is the check that binds.)
-    assert_same(loss_and_grads(trainer_loss(trainer, batch), trainer.model), loss_and_grads(ours, trainer.model),
-                magnitude=terms.detach().abs().max().item(), bf16=bf16_tolerances(gap, objective, trainer.model))
+    # their float32 rounding is what a second computation of the same sum may differ by.
+    trainer_result = assert_trainer_is_the_formula(loss, objective, logps, trainer.model, magnitude)
+    assert_policy_is_the_tests(trainer_result, objective, logps, trainer.model, batch, gap, magnitude)
 
 
 def test_sapo_soft_gate(tmp_path, precision):
-    """SAPO: per token -(4 / tau) sigmoid(tau (r - 1)) A, tau = sapo_temperature_pos (1.0) for A > 0 and
-    sapo_temperature_neg (1.05) otherwise; per-sequence mean, then mean over sequences (as GRPO). (No clip: no
-    edge to keep clear of in bf16.)"""
+    """SAPO: per token -(4 / tau) sigmoid(tau (r - 1)) A, tau = 1.0 for A > 0 and 1.05 otherwise (the paper's, the
+    sapo preset's sapo_temperature_pos / _neg); per-sequence mean, then mean over sequences (as GRPO)."""
     trainer = build(tmp_path, "grpo", variant="sapo")
     config = trainer.args
     assert (config.loss_type, config.sapo_temperature_pos, config.sapo_temperature_neg) == ("sapo", 1.0, 1.05)
-    raw = generation_batch(trainer)
+    raw = generation_batch(trainer, LENGTHS)
     gap = logprob_gap(trainer.model, raw)
     batch, _ = with_old_logps(trainer, raw, spread=0.6)
     mask = batch["completion_mask"].float()
@@ -380,25 +379,27 @@ def test_sapo_soft_gate(tmp_path, precision):
         ratio = torch.exp(logps - batch["old_per_token_logps"])
         tau = torch.where(advantages > 0, torch.tensor(1.0), torch.tensor(1.05))
         gate = torch.sigmoid(tau * (ratio - 1)) * 4 / tau
-        return -((gate * advantages * mask).sum(1) / mask.sum(1)).mean()
+        return -per_sequence_mean(gate * advantages, mask)
 
-    ours = objective(policy_logps(trainer.model, batch))
-    assert_same(loss_and_grads(trainer_loss(trainer, batch), trainer.model), loss_and_grads(ours, trainer.model),
-                bf16=bf16_tolerances(gap, objective, trainer.model))
+    with loss_logps(trainer) as seen:
+        loss = trainer_loss(trainer, batch)
+    logps = only(seen, batch)
+    trainer_result = assert_trainer_is_the_formula(loss, objective, logps, trainer.model)
+    assert_policy_is_the_tests(trainer_result, objective, logps, trainer.model, batch, gap)
 
 
 def test_vespo_gamma_weight_of_the_sequence_ratio(tmp_path, precision):
     """VESPO: w_i = prod_t r_i,t (the sequence's importance weight), phi(w) = e^lam w^k e^(-lam w) (phi(1) = 1) with
-    (k, lam) = (2, 3) for A >= 0 and (3, 2) for A < 0, detached; per token -phi(w_i) A_i log pi, summed over all
-    tokens / number of tokens."""
+    (k, lam) = (2, 3) for A >= 0 and (3, 2) for A < 0 (the paper's), detached; per token -phi(w_i) A_i log pi, summed
+    over all tokens / number of tokens."""
     trainer = build(tmp_path, "grpo", variant="vespo")
     config = trainer.args
     assert (config.loss_type, config.importance_sampling_level) == ("vespo", "token")
     assert (config.vespo_k_pos, config.vespo_lambda_pos, config.vespo_k_neg, config.vespo_lambda_neg) == (
         2.0, 3.0, 3.0, 2.0)
     offsets = torch.linspace(-0.6, 0.6, GROUPS * G)  # sequence weights well away from 1, on both sides
-    raw = generation_batch(trainer)
-    gap = logprob_gap(trainer.model, raw)  # (no clip: no edge to keep clear of in bf16)
+    raw = generation_batch(trainer, LENGTHS)
+    gap = logprob_gap(trainer.model, raw)  # (no clip: no edge to keep clear of)
     batch, _ = with_old_logps(trainer, raw, spread=0.1, offsets=offsets)
     mask = batch["completion_mask"].float()
     advantages = batch["advantages"].unsqueeze(1)
@@ -413,43 +414,41 @@ def test_vespo_gamma_weight_of_the_sequence_ratio(tmp_path, precision):
     def objective(logps):
         return (-gamma_weight(logps) * advantages * logps * mask).sum() / mask.sum()
 
-    logps = policy_logps(trainer.model, batch)
+    with loss_logps(trainer) as seen:
+        loss = trainer_loss(trainer, batch)
+    logps = only(seen, batch)
     assert (gamma_weight(logps) - 1).abs().max() > 0.1, "the weights must differ from the on-policy 1"
-    ours = objective(logps)
-
-    assert_same(loss_and_grads(trainer_loss(trainer, batch), trainer.model), loss_and_grads(ours, trainer.model),
-                bf16=bf16_tolerances(gap, objective, trainer.model))
+    trainer_result = assert_trainer_is_the_formula(loss, objective, logps, trainer.model)
+    assert_policy_is_the_tests(trainer_result, objective, logps, trainer.model, batch, gap)
 
 
 def test_luspo_scales_each_sequence_term_by_its_length(tmp_path, precision):
-    """LUSPO: GSPO's sequence ratio s_i and clipped objective, each sequence's term times its length |o_i|:
-    L = -1/G sum_i |o_i| min(s_i A_i, clip(s_i, 1-eps, 1+eps_high) A_i)."""
+    """LUSPO: GSPO's sequence ratio s_i and clipped objective (clip [1 - 3e-4, 1 + 4e-4]), each sequence's term times
+    its length |o_i| (the lengths differ): L = -1/G sum_i |o_i| min(s_i A_i, clip(s_i, 1-eps, 1+eps_high) A_i)."""
     trainer = build(tmp_path, "gspo", variant="luspo", train={"per_device_train_batch_size": GROUPS * G // 4})
     config = trainer.args
-    assert (config.importance_sampling_level, config.loss_type, config.beta, config.epsilon, config.epsilon_high) == (
-        "sequence", "luspo", 0.0, 3e-4, 4e-4)
-    raw = generation_batch(trainer)
-    gap = logprob_gap(trainer.model, raw)
-    batch, _ = with_old_logps(trainer, raw, spread=5e-4, offsets=sequence_offsets(config, gap, 5e-4))
+    assert (config.importance_sampling_level, config.loss_type, config.beta) == ("sequence", "luspo", 0.0)
+    assert (config.epsilon, config.epsilon_high) == SEQUENCE_EPSILONS
+    batch, _ = sequence_level_batch(trainer, LENGTHS)
+    gap = logprob_gap(trainer.model, batch)
     mask = batch["completion_mask"].float()
     advantages = batch["advantages"]
 
-    def sequence_ratio_of(logps):
-        return torch.exp(((logps - batch["old_per_token_logps"]) * mask).sum(1) / mask.sum(1))
+    def objective(logps, low=SEQUENCE_EPSILONS[0], high=SEQUENCE_EPSILONS[1]):
+        return -(mask.sum(1) * clipped(sequence_ratio_of(logps, batch), advantages, low, high)).mean()
 
-    def objective(logps):
-        return -(mask.sum(1) * clipped(sequence_ratio_of(logps), advantages, config.epsilon,
-                                       config.epsilon_high)).mean()
+    def token_level(logps, low, high):
+        ratio = torch.exp(logps - batch["old_per_token_logps"])
+        return -(clipped(ratio, advantages.unsqueeze(1), low, high) * mask).sum(1).mean()
 
-    logps = policy_logps(trainer.model, batch)
-    sequence_ratio = sequence_ratio_of(logps)
-    ours = objective(logps)
-    outside = ((sequence_ratio < 1 - config.epsilon) & (advantages < 0)) | (
-        (sequence_ratio > 1 + config.epsilon_high) & (advantages > 0))
-    assert 0 < outside.float().mean() < 1, "the batch must exercise the sequence-level clipping"
-
+    with loss_logps(trainer) as seen:
+        loss = trainer_loss(trainer, batch)
+    logps = only(seen, batch)
     # The terms are up to |o_i| times GSPO's, and so is their float32 rounding. (Not the trainer's loss divided by
     # the length instead: Unsloth's compiled loss ignores the gradient flowing into it, so a scaled loss keeps its
     # unscaled gradient.)
-    assert_same(loss_and_grads(trainer_loss(trainer, batch), trainer.model), loss_and_grads(ours, trainer.model),
-                magnitude=config.max_completion_length, bf16=bf16_tolerances(gap, objective, trainer.model))
+    tolerance = float32_tolerance(objective(logps).item(), MAX_LENGTH)
+    assert_sequences_placed(logps, batch, objective, token_level, tolerance)
+    assert len(set(mask.sum(1).tolist())) > 1, "the lengths must differ, or the scaling is a constant"
+    trainer_result = assert_trainer_is_the_formula(loss, objective, logps, trainer.model, MAX_LENGTH)
+    assert_policy_is_the_tests(trainer_result, objective, logps, trainer.model, batch, gap, MAX_LENGTH)

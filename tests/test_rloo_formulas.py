@@ -3,35 +3,51 @@ batch and compared with what the trainer the kit builds computes, on TRL's RLOOT
 UnslothRLOOTrainer (forced on the CPU, conftest.trainer_family).
 
 Rewards are fixed numbers (a reward file returns them by position), so the leave-one-out baselines are known in
-advance; the policy is moved away from its reference so that the KL penalty in the reward is not zero.
-The two loss tests also run at the GPU's precision (their "-bf16" cases, conftest.precision), with tolerances
-derived from the gap between the test's forwards at bf16 and at float32 (helpers.PrecisionGap) and sequence ratios
-kept clear of the clip edges by more than that gap can move them; the advantage tests run in float32 only (the
-rewards are fixed, and with the KL penalty the trainer's own scoring is what they read).
+advance; the policy is moved away from its reference so that the KL penalty in the reward is not zero. The
+constants are the kit's RLOO preset's, written here: beta 0.05, epsilon 0.2 on both sides. Completions end at
+unequal lengths (test_rl_formulas.LENGTHS).
+The two loss tests check the trainer's loss and gradient against the formula on its own log-probs from the same
+forward, in both precision modes, and against the test's own forward (in bf16: the log-probs on average within the
+measured gap), as test_rl_formulas does; the sequence ratios are placed on the trainer's own log-probs, on both
+sides of each clip edge. The advantage tests run in float32 only (the rewards are fixed, and with the KL penalty the
+trainer's own scoring is what they read).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import DATA, clear_of, move_policy, stage_context, trainer_loss, write_recipe
-from test_rl_formulas import (
+from grpo_batches import (
     GROUPS,
+    LENGTHS,
+    MAX_LENGTH,
+    MICRO,
     SCORES,
     TEMPERATURE,
     G,
+    assert_both_sides_of_each_edge,
+    assert_policy_is_the_tests,
     assert_same,
-    bf16_tolerances,
-    clip_edges,
+    assert_trainer_is_the_formula,
+    clip_crossings,
     clipped,
+    generation_batch,
+    gradients,
+    held,
     logprob_gap,
-    loss_and_grads,
+    loss_logps,
+    micro_batch,
+    only,
     policy_logps,
+    trainer_logps,
 )
+from helpers import DATA, move_policy, stage_context, trainer_loss, write_recipe
+from same_forward import compared
 
 from kitcli.stages import grpo, rloo
 from kitcli.training.trainers import is_unsloth_class
@@ -48,21 +64,13 @@ def build(tmp_path: Path, train: dict | None = None):
     """))
     stage = {"name": "rl", "type": "rloo", "data": str(DATA / "arithmetic_prompts.jsonl"),
              "rewards": ["fixed_rewards.py:fixed"],
-             "train": {"per_device_train_batch_size": GROUPS * G, "num_generations": G, "max_completion_length": 6,
-                       "temperature": TEMPERATURE, **(train or {})}}
+             "train": {"per_device_train_batch_size": GROUPS * G, "num_generations": G,
+                       "max_completion_length": MAX_LENGTH, "temperature": TEMPERATURE, **(train or {})}}
     ctx = stage_context(write_recipe(tmp_path / "r.yaml", [stage]), "rl", tmp_path / "run", {})
     trainer, _, _ = grpo.build_trainer(ctx, rloo.RLOO_PRESET, kind="rloo")
     assert is_unsloth_class(type(trainer)) == (os.environ["KIT_TRAINERS"] == "unsloth"), type(trainer)
     assert type(trainer).__name__.removeprefix("Unsloth") == "RLOOTrainer"
     return trainer
-
-
-def generation_batch(trainer) -> dict:
-    """One generation batch scored by the fixed rewards, computed in eval mode (no gradient accumulation)."""
-    rows = [trainer.train_dataset[i] for i in range(GROUPS)]
-    trainer.model.eval()
-    torch.manual_seed(0)
-    return trainer._generate_and_score_completions([row for row in rows for _ in range(G)])
 
 
 def test_leave_one_out_advantage_without_kl(tmp_path):
@@ -77,9 +85,9 @@ def test_leave_one_out_advantage_without_kl(tmp_path):
 def test_leave_one_out_advantage_with_the_kl_penalty_in_the_reward(tmp_path):
     """R_i = r_i - beta sum_t (log pi_old - log pi_ref) (first-order log ratio, summed over the completion, at the
     sampling temperature); A_i = R_i - 1/(k-1) sum_{j != i} R_j."""
+    beta = 0.05  # the kit's RLOO preset's
     trainer = build(tmp_path)
-    beta = trainer.args.beta
-    assert (beta, trainer.args.normalize_advantages, trainer.args.reward_clip_range) == (0.05, False, None)
+    assert (trainer.args.beta, trainer.args.normalize_advantages, trainer.args.reward_clip_range) == (beta, False, None)
     model = trainer.model
     move_policy(model)
     batch = generation_batch(trainer)
@@ -98,62 +106,86 @@ def test_leave_one_out_advantage_with_the_kl_penalty_in_the_reward(tmp_path):
     assert logged == pytest.approx((((policy - reference) * mask).sum() / mask.sum()).item(), rel=1e-4, abs=1e-6)
 
 
+# Sequence log-ratios placed on the trainer's own log-probs, by advantage sign (+ - - + - + - -), around the clip
+# range [log 0.8, log 1.2] = [-0.223, 0.182]: held above (0.3) and below (-0.4, -0.3), inside (-0.1, 0.05, 0.1), and
+# outside with the other sign (0.3 with A < 0, -0.4 with A > 0); each at least 0.077 from an edge.
+RLOO_OFFSETS = torch.tensor([0.3, -0.4, -0.1, 0.05, 0.3, -0.4, -0.3, 0.1])
+
+
+def sequence_logps(logps, mask):
+    return (logps * mask).sum(1)
+
+
 def test_clipped_sequence_ratio_loss(tmp_path, precision):
     """rho_i = exp(sum_t log pi_theta - sum_t log pi_old) (one ratio per sequence, the product of its token ratios);
-    L = -1/B sum_i min(rho_i A_i, clip(rho_i, 1 - eps, 1 + eps_high) A_i)."""
+    L = -1/B sum_i min(rho_i A_i, clip(rho_i, 1 - 0.2, 1 + 0.2) A_i)."""
+    epsilon = 0.2
     trainer = build(tmp_path)
     config = trainer.args
-    assert (config.epsilon, config.epsilon_high, config.num_iterations) == (0.2, 0.2, 1)
+    assert (config.epsilon, config.epsilon_high, config.num_iterations) == (epsilon, epsilon, 1)
     model = trainer.model
-    batch = generation_batch(trainer)
-    mask = batch["completion_mask"].float()
-    gap = logprob_gap(model, batch)
-    with torch.no_grad():
-        current = (policy_logps(model, batch) * mask).sum(1)
-    # ratios 0.61 .. 1.65, around [0.8, 1.2]; in bf16, clear of its edges by more than a bf16 forward can move a
-    # sequence's summed log-ratio (twice the largest sum of one sequence's per-token gaps)
-    offsets = clear_of(torch.linspace(-0.5, 0.5, GROUPS * G), clip_edges(config), gap.sequence_tolerance("logps"))
-    batch = {**batch, "old_logps": current - offsets.to(current.device)}
+    raw = generation_batch(trainer, LENGTHS)
+    mask = raw["completion_mask"].float()
+    gap = logprob_gap(model, raw)
+    current = sequence_logps(trainer_logps(trainer, raw), mask)
+    batch = {**raw, "old_logps": current - RLOO_OFFSETS.to(current)}
     advantages = batch["advantages"]
     assert (advantages != 0).all()
 
     def objective(logps):  # of the per-token log-probs
-        ratio = torch.exp((logps * mask).sum(1) - batch["old_logps"])
-        return -clipped(ratio, advantages, config.epsilon, config.epsilon_high).mean()
+        ratio = torch.exp(sequence_logps(logps, mask) - batch["old_logps"])
+        return -clipped(ratio, advantages, epsilon, epsilon).mean()
 
-    logps = (policy_logps(model, batch) * mask).sum(1)
-    ratio = torch.exp(logps - batch["old_logps"])
-    ours = -clipped(ratio, advantages, config.epsilon, config.epsilon_high).mean()
-    outside = ((ratio < 1 - config.epsilon) & (advantages < 0)) | ((ratio > 1 + config.epsilon_high) & (advantages > 0))
-    assert 0 < outside.float().mean() < 1, "the batch must exercise the clipping"
+    with loss_logps(trainer) as seen:
+        loss = trainer_loss(trainer, batch, model)
+    logps = only(seen, batch)
+    with torch.no_grad():
+        ratio = torch.exp(sequence_logps(logps, mask) - batch["old_logps"])
+        torch.testing.assert_close(torch.log(ratio), RLOO_OFFSETS.to(ratio), rtol=0, atol=1e-5)
+    crossings = clip_crossings(ratio, advantages, epsilon, epsilon)
+    assert_both_sides_of_each_edge(crossings)
 
-    assert_same(loss_and_grads(trainer_loss(trainer, batch, model), model), loss_and_grads(ours, model),
-                bf16=bf16_tolerances(gap, objective, model))
+    trainer_result = assert_trainer_is_the_formula(loss, objective, logps, model)
+    assert_policy_is_the_tests(trainer_result, objective, logps, model, batch, gap)
     mode = "train" if model.training else "eval"  # the metrics' key, as the trainer read it (Unsloth's sets train)
-    assert trainer._metrics[mode]["clip_ratio/region_mean"][-1] == pytest.approx(outside.float().mean().item())
+    assert trainer._metrics[mode]["clip_ratio/region_mean"][-1] == pytest.approx(held(crossings) / len(ratio))
 
 
 def test_on_policy_gradient_is_reinforce_with_the_baseline(tmp_path, precision):
-    """With the kit's on-policy defaults rho_i = 1, and the gradient is -1/B sum_i A_i grad log pi_theta(y_i | x).
+    """With the kit's on-policy defaults rho_i = 1, the loss is -1/B sum_i A_i and its gradient
+    -1/B sum_i A_i grad log pi_theta(y_i | x). On one micro-batch of the generation batch (MICRO: groups mixed, as a
+    training step with half of it gets it), so the value is not 0 (a whole group's advantages sum to 0).
     (In bf16 the trainer's ratio is its loss forward against its own scoring forward, 1 within their gap.)"""
-    trainer = build(tmp_path)
+    trainer = build(tmp_path, {"per_device_train_batch_size": GROUPS * G // 2, "gradient_accumulation_steps": 2})
     model = trainer.model
-    batch = generation_batch(trainer)
+    batch = micro_batch(generation_batch(trainer, LENGTHS), MICRO)
     mask = batch["completion_mask"].float()
     advantages = batch["advantages"]
     gap = logprob_gap(model, batch)
-    logps = (policy_logps(model, batch) * mask).sum(1)
-    torch.testing.assert_close(logps.detach(), batch["old_logps"], rtol=1e-5,
-                               atol=1e-5 + gap.sequence_tolerance("logps"))
+    expected = -advantages.mean().item()
 
     def reinforce_of(logps):  # of the per-token log-probs
-        return -(advantages * (logps * mask).sum(1)).mean()
+        return -(advantages * sequence_logps(logps, mask)).mean()
 
     def ratio_loss(logps):  # the trainer's value, -1/B sum_i rho_i A_i, of the per-token log-probs
-        return -(torch.exp((logps * mask).sum(1) - batch["old_logps"]) * advantages).mean()
+        return -(torch.exp(sequence_logps(logps, mask) - batch["old_logps"]) * advantages).mean()
 
-    reinforce = -(advantages * logps).mean()
-    trl, ours = loss_and_grads(trainer_loss(trainer, batch, model), model), loss_and_grads(reinforce, model)
-    assert trl[0] == pytest.approx(-advantages.mean().item(),  # the value: ratios of 1
-                                   abs=1e-6 + gap.value_tolerance(ratio_loss))
-    assert_same((0.0, trl[1]), (0.0, ours[1]), bf16=(0.0, gap.gradient_tolerance(reinforce_of, model)))
+    with loss_logps(trainer) as seen:
+        loss = trainer_loss(trainer, batch, model)
+    logps = only(seen, batch)
+    # the ratios: 1, to float32 rounding or within the gap of two bf16 forwards of a sequence (the scoring's, the
+    # loss's); the value -1/B sum_i A_i within what that moves it
+    off = gap.sequence_tolerance("logps")
+    with torch.no_grad():
+        log_ratio = sequence_logps(logps, mask) - batch["old_logps"]
+        assert compared("on-policy log-ratios", log_ratio.abs().max().item(), 1e-5 + off), log_ratio
+    value_tolerance = 1e-6 + advantages.abs().mean().item() * math.expm1(off)
+    assert abs(expected) > 3 * value_tolerance, "the micro-batch's advantages must not cancel"
+    assert compared("on-policy value", abs(loss.item() - expected), value_tolerance), (loss.item(), expected)
+    trainer_result = assert_trainer_is_the_formula(loss, ratio_loss, logps, model)
+    if not gap.measured:  # the test's own float32 forward: REINFORCE's gradient, and the ratios 1
+        ours = sequence_logps(policy_logps(model, batch), mask)
+        torch.testing.assert_close(ours.detach(), batch["old_logps"], rtol=1e-5, atol=1e-5)
+        assert_same((0.0, trainer_result[1]), (0.0, gradients(reinforce_of(policy_logps(model, batch)), model)))
+    else:
+        assert_policy_is_the_tests(trainer_result, ratio_loss, logps, model, batch, gap)
