@@ -2,13 +2,18 @@
 
 Each test builds the trainer exactly as the stage does (`build_trainer`), moves the LoRA policy off its start (a
 fresh adapter has B = 0, and the check must see the adapter), takes the loss the trainer computes on a collated
-batch (helpers.trainer_loss, as a training step calls it) and recomputes it from plain forward passes, one unpadded
-sequence at a time. With lp = a completion's log-probability averaged over its tokens (w: chosen, l: rejected):
+batch (helpers.trainer_loss, as a training step calls it) and recomputes it. With lp = a completion's log-probability
+averaged over its tokens (w: chosen, l: rejected):
     ORPO:  NLL(prompt + chosen, token mean over the batch) - beta * mean(log sigmoid(log odds ratio)),
            log odds ratio = (lp_w - lp_l) - (log(1 - exp(lp_w)) - log(1 - exp(lp_l)))
     SimPO: mean(-log sigmoid(beta * (lp_w - lp_l) - simpo_gamma))
-on both trainer families (TRL's own classes and Unsloth's generated ones, conftest.trainer_family) and in both
-precision modes (conftest.precision; in bf16 with tolerances measured by helpers.PrecisionGap).
+with beta and gamma as the recipe sets them (written here). Twice (docs/conformance.md): on the lp_w, lp_l and NLL
+the trainer computed in its own forward (its concatenated_forward, recorded: tests/same_forward.py), within the
+rounding of the formula's arithmetic (SimPO's is bf16 at the GPU's precision), in both modes; and on plain forward
+passes here, one unpadded sequence at a time: in float32 the loss, as before; at the GPU's precision (the "-bf16"
+cases, conftest.precision) the trainer's values against them, on average within the measured gap
+(helpers.PrecisionGap). On both trainer families (TRL's own classes and Unsloth's generated ones,
+conftest.trainer_family).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from helpers import (
     trainer_loss,
     write_recipe,
 )
+from same_forward import arithmetic_tolerance, assert_loss_is_the_formula, compared, recorded_calls
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("family")]  # every test builds a model, on both families
 
@@ -72,17 +78,22 @@ def built_trainer(in_tmp, sft_run, family: str, stage_type: str, train: dict):
     return trainer
 
 
-def token_logps(model, ids: list[int]):
-    """log p of every token after the first, one unpadded sequence."""
+def token_logps(model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p of every token after the first, one unpadded sequence: from the logits in float32, and at their own
+    precision, as TRL's ORPO and CPO trainers take them (selective_log_softmax on the model's logits: bf16 ones under
+    bf16 autocast; the same in float32)."""
     tensor = torch.tensor([ids], device=model.device)
     with forward_precision():
-        logits = model(input_ids=tensor).logits[0].float()
-    return torch.log_softmax(logits[:-1], dim=-1).gather(-1, tensor[0, 1:, None])[:, 0]
+        logits = model(input_ids=tensor).logits[0, :-1]
+    targets = tensor[0, 1:, None]
+    exact = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets)[:, 0]
+    return exact, torch.log_softmax(logits, dim=-1).gather(-1, targets)[:, 0]
 
 
 def sequence_values(model, rows: list[dict]) -> dict[str, torch.Tensor]:
-    """Per row: lp_w and lp_l (averaged over the completion's tokens, after the prompt) and the summed log-probs of
-    every token of prompt + chosen but the first (ORPO's NLL targets)."""
+    """Per row: lp_w and lp_l (averaged over the completion's tokens, after the prompt: at the logits' precision, as
+    TRL does) and the summed log-probs of every token of prompt + chosen but the first (ORPO's NLL targets, from
+    float32 ones: TRL's cross-entropy upcasts)."""
     out = {"lp_w": [], "lp_l": [], "whole_w": []}
     with torch.no_grad():
         for row in rows:
@@ -90,60 +101,80 @@ def sequence_values(model, rows: list[dict]) -> dict[str, torch.Tensor]:
             for side, key in (("w", "chosen_input_ids"), ("l", "rejected_input_ids")):
                 ids = row[key]
                 assert ids[:prompt] == row["prompt_input_ids"]  # the whole sequence starts with the prompt
-                logps = token_logps(model, ids)
-                out[f"lp_{side}"].append(logps[prompt - 1:].mean())
+                exact, as_trained = token_logps(model, ids)
+                out[f"lp_{side}"].append(as_trained[prompt - 1:].mean().float())  # (averaged at that precision too)
                 if side == "w":
-                    out["whole_w"].append(logps.sum())
+                    out["whole_w"].append(exact.sum())
     return {name: torch.stack(values) for name, values in out.items()}
 
 
-def orpo_formula(beta: float, nll_tokens: int):
-    def loss(lp_w, lp_l, whole_w):
+def values_here(model, rows: list[dict]) -> dict[str, torch.Tensor]:
+    """lp_w, lp_l and ORPO's NLL (every token of prompt + chosen but the first, a mean over the batch's tokens) from
+    this test's forwards."""
+    values = sequence_values(model, rows)
+    tokens = sum(len(row["chosen_input_ids"]) - 1 for row in rows)
+    return {"lp_w": values["lp_w"], "lp_l": values["lp_l"], "nll": -values["whole_w"].sum() / tokens}
+
+
+def orpo_formula(beta: float):
+    def loss(lp_w, lp_l, nll, rounded=lambda value: value):
         log_odds = (lp_w - lp_l) - (torch.log(-torch.expm1(lp_w)) - torch.log(-torch.expm1(lp_l)))
-        return -whole_w.sum() / nll_tokens - beta * F.logsigmoid(log_odds).mean()
+        return nll - beta * F.logsigmoid(log_odds).mean()
 
     return loss
 
 
 def simpo_formula(beta: float, gamma: float):
-    def loss(lp_w, lp_l, whole_w):
-        return (-F.logsigmoid(beta * (lp_w - lp_l) - gamma)).mean()
+    """-log sigmoid(beta (lp_w - lp_l) - gamma), as TRL's CPOTrainer computes it (beta ((lp_w - lp_l) - gamma / beta),
+    in the precision of its inputs), each result passed through `rounded` (same_forward.rounding_tolerance)."""
+    def loss(lp_w, lp_l, nll, rounded=lambda value: value):
+        margin = rounded(rounded(lp_w - lp_l) - gamma / beta)
+        return -rounded(rounded(F.logsigmoid(rounded(beta * margin))).mean())
 
     return loss
 
 
-def assert_loss_is_the_formula(trainer, formula_for) -> None:
-    """The trainer's loss on BATCH rows equals `formula_for(rows)` of the recomputed values (float32 rounding plus,
-    in bf16, the measured gap), with the policy moved off its SFT start and far from the base."""
+def assert_loss_is_the_formulas(trainer, formula, upcast: bool, reads: tuple[str, ...]) -> None:
+    """The trainer's loss on BATCH rows equals `formula` of its own lp_w, lp_l and NLL (its concatenated_forward's;
+    `upcast`: the trainer computes the loss in float32 whatever their precision, else in theirs; `reads`: those the
+    formula reads) within the
+    rounding of the formula's arithmetic; and of this test's values, in float32 within float32 rounding (in bf16:
+    the trainer's values against them, on average within the measured gap); the policy moved off its SFT start
+    and far from the base."""
     model = trainer.model
     move_policy(model, 0.1, seed=0)  # off the SFT adapter it starts from
     rows = [trainer.train_dataset[i] for i in range(BATCH)]
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), recorded_calls(trainer, "concatenated_forward") as calls:
         trl_loss = trainer_loss(trainer, trainer.data_collator(rows), model).item()
-    formula = formula_for(rows)
-    gap = PrecisionGap(lambda: sequence_values(model, rows))
-    expected = formula(**sequence_values(model, rows)).item()
+    lp_w, lp_l, *_, nll = calls[0][2][:5]
+    own = {"lp_w": lp_w, "lp_l": lp_l, "nll": nll}
+    same = formula(**{name: value.float() for name, value in own.items()}).item()
+    tolerance = arithmetic_tolerance(formula, own, torch.float32 if upcast else lp_w.dtype)
+    assert_loss_is_the_formula("loss", trl_loss, same, tolerance)
+
+    gap = PrecisionGap(lambda: values_here(model, rows))
+    ours = values_here(model, rows)
+    expected = formula(**ours).item()
     with model.disable_adapter():
-        on_base = formula(**sequence_values(model, rows)).item()
-    tolerance = 1e-4 * precision_scale() + gap.value_tolerance(formula)
-    assert abs(expected - on_base) > max(1e-3, tolerance), (expected, on_base, tolerance)  # the adapter counts
-    assert abs(trl_loss - expected) < tolerance, (trl_loss, expected, tolerance, str(gap))
+        on_base = formula(**values_here(model, rows)).item()
+    assert abs(expected - on_base) > 1e-3, (expected, on_base)  # the adapter counts
+    if not gap.measured:
+        assert abs(trl_loss - expected) < 1e-4 * precision_scale(), (trl_loss, expected)
+        return
+    for name in reads:
+        difference = (own[name].float() - ours[name]).abs().mean().item()
+        assert compared(f"{name} against the test's", difference, gap.mean_tolerance(name)), (name, difference)
 
 
 def test_orpo_loss_is_the_reference_formula(in_tmp, sft_run, family, gpu_precision_here):
     trainer = built_trainer(in_tmp, sft_run, family, "orpo", {"beta": ORPO_BETA})
     assert trainer.beta == ORPO_BETA
-
-    def formula_for(rows):
-        tokens = sum(len(row["chosen_input_ids"]) - 1 for row in rows)  # every attended token but the first
-        return orpo_formula(ORPO_BETA, tokens)
-
-    assert_loss_is_the_formula(trainer, formula_for)
+    assert_loss_is_the_formulas(trainer, orpo_formula(ORPO_BETA), upcast=True, reads=("lp_w", "lp_l", "nll"))
 
 
 def test_simpo_loss_is_the_reference_formula(in_tmp, sft_run, family, gpu_precision_here):
     trainer = built_trainer(in_tmp, sft_run, family, "simpo", {"beta": SIMPO_BETA, "simpo_gamma": SIMPO_GAMMA})
     assert (trainer.loss_type, trainer.cpo_alpha, trainer.beta, trainer.simpo_gamma) == \
         ("simpo", 0.0, SIMPO_BETA, SIMPO_GAMMA)
-    assert_loss_is_the_formula(trainer, lambda rows: simpo_formula(SIMPO_BETA, SIMPO_GAMMA))
+    assert_loss_is_the_formulas(trainer, simpo_formula(SIMPO_BETA, SIMPO_GAMMA), upcast=False, reads=("lp_w", "lp_l"))

@@ -1,13 +1,17 @@
 """The preference losses the kit trains with, checked against the reference formulas on a fixed small batch.
 
 Each test builds the trainer exactly as the stage does (`build_trainer`, after Unsloth's import in conftest), takes
-the loss TRL computes on a collated batch, and recomputes it here from log-probabilities / rewards obtained with
-plain forward passes, one unpadded sequence at a time:
+the loss TRL computes on a collated batch, and recomputes it:
     DPO:           -log sigmoid(beta * ((pw - rw) - (pl - rl)))
     Bradley-Terry: -log sigmoid(r_chosen - r_rejected)   (+ c * mean((r_chosen + r_rejected)^2) when centering)
+with beta, c as the recipe sets them (written here, not read from the trainer). Twice (docs/conformance.md): from
+the sequence log-probs / rewards the trainer computed in the same forward (recorded from its model's forward
+passes: tests/same_forward.py), loss and (DPO) gradient within the rounding of the formula's arithmetic, in both
+precision modes; and from plain forward passes here, one unpadded sequence at a time: in float32 the loss, as
+before; at the GPU's precision (the "-bf16" cases, conftest.precision) the trainer's values against them, on
+average within the gap measured between the test's forwards at bf16 and at float32 (helpers.PrecisionGap).
 The trainer gets its batch on the model's device (helpers.trainer_loss: on_device, as a training step does), which
-the last test shows matters. The losses also run at the GPU's precision (the "-bf16" cases, conftest.precision),
-with tolerances derived from the gap between the test's forwards at bf16 and at float32 (helpers.PrecisionGap).
+the last test shows matters.
 """
 
 from __future__ import annotations
@@ -26,6 +30,14 @@ from helpers import (
     stage_context,
     trainer_loss,
     write_recipe,
+)
+from same_forward import (
+    arithmetic_tolerance,
+    assert_gradient_is_the_formulas,
+    assert_loss_is_the_formula,
+    compared,
+    float32_tolerance,
+    recorded_forwards,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("family")]  # every test builds a model, on both families
@@ -67,17 +79,54 @@ def dpo_formula(beta: float):
     return loss
 
 
-def assert_dpo_loss_is_the_formula(trl_loss: float, model, reference, rows: list[dict], beta: float) -> None:
-    """The trainer's DPO loss equals the formula over these rows with `reference` as pi_ref, within float32 rounding
-    plus (in bf16) the measured precision gap; and the policy has moved off its start (log 2 = 0.6931, the loss at
-    the start), or the check would be vacuous, in bf16 too."""
-    model.eval()
+def sequence_sums(forward, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen, rejected) sequence log-probs from one of the trainer's forward passes (TRL's fused head: the log-prob
+    of every token after the first, 0 where no label), summed over each completion's tokens."""
+    mask = batch["completion_mask"][:, 1:]
+    logps = forward[1].log_probs[:, -mask.shape[1]:]
+    return (logps * mask).sum(1).chunk(2)
+
+
+def dpo_loss_and_logps(trainer, rows: list[dict]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The trainer's DPO loss on these rows (with its gradient), and the sequence log-probs it computed from its own
+    forward passes: the policy's (with their graph), then the reference's (TRL's DPOTrainer._compute_loss, on the
+    trainer's model: the reference is an adapter of it, or none)."""
+    batch = trainer.data_collator(rows)
+    with recorded_forwards(trainer.model) as forwards:
+        loss = trainer_loss(trainer, batch, trainer.model)
+    assert len(forwards) == 2, f"the policy's forward and the reference's, not {len(forwards)}"
+    (pw, pl), (rw, rl) = (sequence_sums(forward, batch) for forward in forwards)
+    return loss, {"pw": pw, "pl": pl, "rw": rw, "rl": rl}
+
+
+def assert_dpo_loss_is_the_formula(trainer, model, reference, rows: list[dict], beta: float) -> None:
+    """The trainer's DPO loss and gradient equal the formula with `beta` on the sequence log-probs of its own forward
+    (float32 rounding apart), and in float32 the formula over these rows with `reference` as pi_ref, one unpadded
+    sequence at a time (in bf16: the trainer's sequence log-probs within the measured gap of those); and the policy
+    has moved off its start (log 2 = 0.6931, the loss at the start), or the check would be vacuous."""
     formula = dpo_formula(beta)
+    loss, logps = dpo_loss_and_logps(trainer, rows)
+    same = formula(**logps)
+    params = [p for p in model.parameters() if p.requires_grad]
+    trainer_grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+    formula_grads = torch.autograd.grad(same, params, allow_unused=True)
+    assert_loss_is_the_formula("loss", loss.item(), same.item(), float32_tolerance(same.item()))
+    assert_gradient_is_the_formulas("gradient", *(
+        [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+        for grads in (trainer_grads, formula_grads)))
+
+    model.eval()
     gap = PrecisionGap(lambda: dpo_sequence_logps(model, reference, rows))
-    expected = formula(**dpo_sequence_logps(model, reference, rows)).item()
-    tolerance = 1e-4 * precision_scale() + gap.value_tolerance(formula)
-    assert abs(expected - 0.6931) > max(1e-3, tolerance), (expected, tolerance)
-    assert abs(trl_loss - expected) < tolerance, (trl_loss, expected, tolerance, str(gap))
+    ours = dpo_sequence_logps(model, reference, rows)
+    expected = formula(**ours).item()
+    assert abs(expected - 0.6931) > 1e-3, expected
+    if not gap.measured:
+        assert abs(loss.item() - expected) < 1e-4 * precision_scale(), (loss.item(), expected)
+        return
+    for name, value in ours.items():
+        difference = (logps[name].detach() - value).abs().mean().item()
+        assert compared(f"sequence log-probs {name} against the test's", difference, gap.mean_tolerance(name)), (
+            name, difference, str(gap))
 
 
 def test_dpo_loss_is_the_reference_formula(in_tmp, family, precision):
@@ -87,22 +136,50 @@ def test_dpo_loss_is_the_reference_formula(in_tmp, family, precision):
     trainer = dpo_trainer(in_tmp, family, beta)
     model = trainer.model
     torch.manual_seed(0)
-    # move the policy away from the reference, as training would: far enough that the loss leaves log 2 by more
-    # than the bf16 tolerance (0.05 moved it by 0.005 against a tolerance of 0.047; 0.1 moves it by 0.18)
+    # move the policy away from the reference, as training would (0.1: the loss leaves log 2 by 0.18)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if ".default." in name and "lora_B" in name:
                 param.add_(0.1 * torch.randn_like(param))
     rows = [trainer.train_dataset[i] for i in range(BATCH)]
-    with torch.no_grad():
-        trl_loss = trainer_loss(trainer, trainer.data_collator(rows), model).item()
-
     reference = load_policy("tiny", max_seq_length=TINY_MODEL["max_seq_length"], load_in_4bit=True, lora=None,
                             dtype="float32", trainable=False, log=lambda _: None).model  # no init: the base
-    assert_dpo_loss_is_the_formula(trl_loss, model, reference, rows, beta)
+    assert_dpo_loss_is_the_formula(trainer, model, reference, rows, beta)
+
+
+def off_centre(model, batch: dict, by: float) -> None:
+    """Move the reward head (score) so that every reward rises by about `by`: a direction of the pooled hidden
+    states' mean, the rewards' common part. Off-centre rewards are what the centering term pulls back; at the
+    fresh head's (|r| < 0.25) the term is 4e-4, under a bf16 loss's spacing (4e-3)."""
+    head = model.get_submodule("base_model.model.score.modules_to_save.default")
+    seen = []
+    hook = head.register_forward_hook(lambda module, args, output: seen.append(args[0].detach()))
+    try:
+        with torch.no_grad():
+            model(**on_device({k: v for k, v in batch.items() if k in ("input_ids", "attention_mask")}, model))
+    finally:
+        hook.remove()
+    mean = seen[0].float().flatten(0, -2).mean(0)
+    with torch.no_grad():
+        head.weight.add_((by * mean / mean.dot(mean)).to(head.weight))
+
+
+def bradley_terry(center: float):
+    """The Bradley-Terry loss with centering coefficient `center`, each operation's result passed through `rounded`
+    (same_forward.rounding_tolerance: the trainer computes it in bf16 under autocast), in the trainer's order."""
+    def loss(chosen, rejected, rounded=lambda value: value):
+        value = -rounded(rounded(F.logsigmoid(rounded(chosen - rejected))).mean())
+        if center:
+            squares = rounded(rounded(chosen + rejected) ** 2)
+            value = rounded(value + rounded(center * rounded(squares.mean())))
+        return value
+
+    return loss
 
 
 def test_bradley_terry_loss_is_the_reference_formula(in_tmp, family, precision):
+    """Without and with centering (c = 0.01, the coefficient its paper and TRL recommend), on rewards moved off-centre
+    (off_centre): the centering term is then about 0.7, far above the rounding of a bf16 loss (its tolerance 0.05)."""
     from kitcli.stages import reward
 
     prefs = {"path": str(DATA / "arithmetic_prefs.jsonl"), "limit": 16}
@@ -117,9 +194,20 @@ def test_bradley_terry_loss_is_the_reference_formula(in_tmp, family, precision):
         assert model.config.pad_token_id == loaded.tokenizer.pad_token_id == \
             loaded.tokenizer.convert_tokens_to_ids("<|endoftext|>")
         rows = [trainer.train_dataset[i] for i in range(BATCH)]
+        batch = trainer.data_collator(rows)
         model.eval()
-        with torch.no_grad():
-            trl_loss = trainer_loss(trainer, trainer.data_collator(rows), model).item()
+        off_centre(model, batch, 2.5)
+        with torch.no_grad(), recorded_forwards(model) as forwards:
+            loss = trainer_loss(trainer, batch, model)
+        formula = bradley_terry(center)
+        # the trainer's own rewards (bf16 under autocast), and its loss computed from them in their precision
+        chosen, rejected = forwards[0][1].logits.squeeze(-1).chunk(2)
+        own = {"chosen": chosen, "rejected": rejected}
+        same = formula(chosen.float(), rejected.float()).item()
+        tolerance = arithmetic_tolerance(formula, own, loss.dtype)
+        assert_loss_is_the_formula(f"loss {name}", loss.float().item(), same, tolerance)
+        if center:  # the term shows: a trainer without it would miss by more than three tolerances
+            assert abs(same - bradley_terry(0.0)(chosen.float(), rejected.float()).item()) > 3 * tolerance
 
         def rewards(model=model, rows=rows) -> dict[str, torch.Tensor]:
             with torch.no_grad(), forward_precision():
@@ -127,15 +215,17 @@ def test_bradley_terry_loss_is_the_reference_formula(in_tmp, family, precision):
                                            for r in rows]).float()
                         for name, key in (("chosen", "chosen_ids"), ("rejected", "rejected_ids"))}
 
-        def formula(chosen, rejected, center=center):
-            return (-F.logsigmoid(chosen - rejected)).mean() + center * ((chosen + rejected) ** 2).mean()
-
         gap = PrecisionGap(rewards)
-        chosen, rejected = rewards().values()
-        expected = formula(chosen, rejected)
-        assert chosen.std() > 0 and not torch.allclose(chosen, rejected)
-        tolerance = 1e-5 * precision_scale() + gap.value_tolerance(formula)
-        assert abs(trl_loss - expected.item()) < tolerance, (name, trl_loss, expected.item(), tolerance, str(gap))
+        ours = rewards()
+        assert ours["chosen"].std() > 0 and not torch.allclose(ours["chosen"], ours["rejected"])
+        if not gap.measured:
+            expected = formula(**ours)
+            assert abs(loss.item() - expected.item()) < 1e-5 * precision_scale(), (name, loss.item(), expected.item())
+            continue
+        for side, value in ours.items():
+            difference = (own[side].float() - value).abs().mean().item()
+            assert compared(f"rewards {side} {name} against the test's", difference, gap.mean_tolerance(side)), (
+                name, side, difference, str(gap))
 
 
 class ForwardReached(Exception):

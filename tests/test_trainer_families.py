@@ -3,8 +3,9 @@ CPU, conftest.trainer_family), and asserts what the trainer really uses, not wha
 
 - GRPO's KL reference is the policy the stage starts from (the SFT model), not the base: the first logged KL of
   SFT -> GRPO (beta 0.04) is 0 (Unsloth's trainer, left alone, measures it against the base: 4.96 on a real run).
-- DPO's reference is the SFT model: the loss equals the formula with the SFT model's log-probs (the batch on the
-  model's device, as a training step has it; in float32 and at the GPU's precision, conftest.precision).
+- DPO's reference is the SFT model: the loss equals the formula (beta 0.2, the recipe's) with the SFT model's
+  log-probs (the batch on the model's device, as a training step has it; in float32 and at the GPU's precision,
+  conftest.precision; test_preference_formulas.assert_dpo_loss_is_the_formula).
 - GSPO's old log-probs are computed exactly when training is off-policy (TRL's gate), on both families.
 - A value the recipe set explicitly is restored when a config rewrites it (Unsloth: scale_rewards under dr_grpo),
   and refused, in one line with exit status 2, when the trainer rewrites it in __init__.
@@ -24,7 +25,6 @@ from helpers import (
     metrics,
     run_cli,
     stage_context,
-    trainer_loss,
     write_recipe,
 )
 from test_preference_formulas import assert_dpo_loss_is_the_formula
@@ -94,11 +94,9 @@ def test_dpo_reference_is_the_sft_model(trainer_family, sft_run, tmp_path, preci
             if ".default." in name and "lora_B" in name:
                 param.add_(0.05 * torch.randn_like(param, generator=torch.Generator().manual_seed(0)))
     rows = [trainer.train_dataset[i] for i in range(6)]
-    with torch.no_grad():
-        trl_loss = trainer_loss(trainer, trainer.data_collator(rows), model).item()
     sft_model = load_policy("tiny", max_seq_length=TINY_MODEL["max_seq_length"], load_in_4bit=True, lora=None,
                             dtype="float32", init_from=sft_run / "sft", trainable=False, log=lambda _: None).model
-    assert_dpo_loss_is_the_formula(trl_loss, model, sft_model, rows, beta)
+    assert_dpo_loss_is_the_formula(trainer, model, sft_model, rows, beta)
 
 
 @pytest.mark.parametrize("stage_type, off_policy", [("gspo", True), ("grpo", False)])
