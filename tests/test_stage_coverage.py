@@ -1,7 +1,7 @@
 """Every built-in stage type comes with what a user and the suite rely on: a shipped tiny recipe that runs it, a
 resume case, a `kit check` / `kit plan` sample, its StageSpec's summary as its row in the README's stages table, and
-its name in the README's opening list, in `kit --help` and in docs/stages.md (no hand-kept list goes stale). A new stage type
-(docs/extending.md) that lacks one goes red here, naming the file to edit and what to add."""
+its name in the README's opening list, in `kit --help` and in docs/stages.md (no hand-kept list goes stale). A new
+stage type (docs/extending.md) that lacks one goes red here, naming the file to edit and what to add."""
 
 from __future__ import annotations
 

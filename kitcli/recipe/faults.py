@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from kitcli.errors import did_you_mean
+from kitcli.errors import closest, did_you_mean
 
 TYPE_WORDS = {"int_type": "an integer", "int_parsing": "an integer", "float_type": "a number",
               "float_parsing": "a number", "bool_type": "true or false", "bool_parsing": "true or false",
@@ -74,7 +74,7 @@ def field_is_integer(root, loc: tuple, specs: dict) -> bool | None:
 def fault_lines(error, raw: dict, source: str, model, specs: dict, prefix: tuple = ()) -> list[tuple[tuple, str]]:
     """Every fault of a pydantic ValidationError in the kit's words: (its location, its line), one per place (the
     alternatives of a union at one place are one fault), in the order pydantic found them."""
-    errors = error.errors(include_url=False)
+    errors = misspelled_not_missing(error.errors(include_url=False))
 
     def place(e) -> tuple:
         full = (*prefix, *e["loc"])
@@ -82,11 +82,13 @@ def fault_lines(error, raw: dict, source: str, model, specs: dict, prefix: tuple
             return (*without_branches(full[:-1], model, specs), full[-1])
         return without_branches(full, model, specs)
 
-    by_place: dict[tuple, list[dict]] = {}
+    by_field: dict[tuple, list[dict]] = {}  # a union's alternatives fault one field: one line for them all
     for e in errors:
-        by_place.setdefault(place(e), []).append(e)
+        by_field.setdefault(branch_root((*prefix, *e["loc"]), model, specs), []).append(e)
     lines = []
-    for loc, same_place in by_place.items():
+    for alternatives in by_field.values():
+        loc = place(alternatives[0])
+        same_place = [e for e in alternatives if place(e) == loc]
         first = same_place[0]
         if len(same_place) > 1 and all(e["type"] in TYPE_WORDS for e in same_place):  # every alternative of a union
             first = {**first, "type": "union", "ctx": {"expected": " or ".join(
@@ -100,6 +102,26 @@ def fault_lines(error, raw: dict, source: str, model, specs: dict, prefix: tuple
             else:
                 lines.append((tuple(first["loc"]), place_prefix(line, context["message"]) + more))
     return lines
+
+
+def misspelled_not_missing(errors: list[dict]) -> list[dict]:
+    """A required key written wrong (`datx` for `data`) is one fault, the unknown key's, which names the key meant;
+    not a second one saying the key meant is missing."""
+    unknown = {(tuple(e["loc"][:-1]), str(e["loc"][-1])) for e in errors if e["type"] == "extra_forbidden"}
+    meant = {(parent, match) for parent, key in unknown for match in closest(key, [str(e["loc"][-1]) for e in errors
+                                                                                  if e["type"] == "missing"])}
+    return [e for e in errors if not (e["type"] == "missing" and (tuple(e["loc"][:-1]), str(e["loc"][-1])) in meant)]
+
+
+def branch_root(loc: tuple, root, specs: dict) -> tuple:
+    """A location up to the first alternative of a union pydantic tried (`list[str]`, `str`, ...): the field whose
+    value faulted, whichever alternative said so."""
+    kept: list = []
+    for part in loc:
+        if without_branches((*kept, part), root, specs) == tuple(kept):
+            return tuple(kept)
+        kept.append(part)
+    return tuple(kept)
 
 
 def place_prefix(line: str, message: str) -> str:
@@ -201,8 +223,8 @@ def set_aside(raw: dict, error, model, specs: dict, touched: set[int], defaulted
         stages = {path[1] for path in [loc, *(context.get("unset") or ())]
                   if len(path) > 1 and path[0] == "stages" and isinstance(path[1], int)}
         touched.update(stages)
-        unknown_only = e["type"] == "extra_forbidden" or (e["type"] == "kit" and context.get("keys")
-                                                          and not context.get("values"))
+        unknown_only = (e["type"] == "extra_forbidden" and not misspelled(loc, model, specs)) or (
+            e["type"] == "kit" and context.get("keys") and not context.get("values"))
         if not unknown_only:
             defaulted.update(stages)
         if e["type"] == "kit" and context.get("unset"):  # keys a rule between them refused, from the root
@@ -232,6 +254,12 @@ def set_aside(raw: dict, error, model, specs: dict, touched: set[int], defaulted
             return None
         del parent_node[key]
     return repaired
+
+
+def misspelled(loc: tuple, model, specs: dict) -> bool:
+    """An unknown key close to one of its section's own (`rewrds`): the key meant is left to its default."""
+    parent = section_at(model, without_branches(loc[:-1], model, specs), specs)
+    return parent is not None and bool(closest(str(loc[-1]), parent.model_fields))
 
 
 def node_at(raw: Any, loc: tuple, specs: dict) -> Any:

@@ -17,7 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from kitcli.errors import KitError, did_you_mean
+from kitcli.errors import KitError, closest, did_you_mean
 from kitcli.recipe.config_fields import TRAINING_RANGES, Range
 from kitcli.recipe.held_out_spec import HeldOutSpec
 from kitcli.recipe.stage_rules import check_stage_references, fail, misplaced_keys, stage_name
@@ -303,6 +303,8 @@ def check_train(section: type[TrainingSection], train: dict[str, Any]) -> None:
             faults[key] = f"train.{key} is set by the kit ({reserved[key]}); remove it"
         elif key not in names:
             faults[key] = f"train.{key} is not a {config} field{did_you_mean(key, names)}"
+            if closest(key, names):  # a misspelled field: its default stands in for the value meant
+                bad_values.append(key)
         elif (expected := check_value(config, key, value, section.train_ranges, section.train_choices)) is not None:
             faults[key] = f"{config} rejected the train settings: train.{key} must be {expected}, got {value!r}"
             bad_values.append(key)

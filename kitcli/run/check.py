@@ -331,6 +331,8 @@ def check_recipe(recipe: Recipe, run_dir: Path | None = None, console=None,
     outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
     found: list[Finding] = []
     for stage in recipe.stages:
+        if stage["name"] in recipe.defaulted:  # a bad value set aside: what follows from its default is no fault
+            continue
         ctx = StageContext(recipe, stage, run_dir, console, outputs)
         try:
             found += stage_findings(ctx, tokenizer)
