@@ -182,21 +182,35 @@ def test_generation_shows_a_progress_bar_on_a_terminal_only():
         assert advance is None
 
 
+def policy_training_types() -> list[str]:
+    """Every registered type that trains a policy and takes `eval:` (the registry decides: a new type that accepts
+    eval: and never attaches the held-out evaluation goes red here)."""
+    from kitcli.recipe.stage_types import builtin_specs
+
+    return [name for name, spec in builtin_specs().items()
+            if spec.output == "policy" and not spec.evaluates and "eval" in spec.section.model_fields]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("stage_type", ["kto", "orpo", "simpo", "ppo", "distill"])
+@pytest.mark.parametrize("stage_type", policy_training_types())
 def test_every_policy_stage_type_scores_its_held_out_rows_at_step_0_every_n_and_the_end(tmp_path, stage_type):
-    """The stage types with a run of their own (KTO's, the reference-free pair stages', PPO's loop) evaluate at the
-    same steps as SFT and GRPO, and DONE names the best step among them."""
+    """Every policy-training stage type evaluates at step 0, every N steps and the last (its stage module wires
+    attach_held_out), and DONE names the best step among them."""
     import test_resume
 
+    if stage_type not in test_resume.STAGES:
+        pytest.fail(f"{stage_type}: no sample stage; add one to STAGES in tests/test_resume.py", pytrace=False)
+    from kitcli.recipe.stage_types import builtin_specs
+
     stage = {**json.loads(json.dumps(test_resume.STAGES[stage_type])), "name": "x"}
-    stage["train"] = {**stage["train"], "max_steps": 3, "logging_steps": 1, "save_steps": 3}
+    last = 4 if builtin_specs()[stage_type].groups else 3  # checkpoints of group samplers at whole generation cycles
+    stage["train"] = {**stage["train"], "max_steps": last, "logging_steps": 1, "save_steps": last}
     if stage_type == "ppo":
         stage.pop("eval_data")  # eval_data or eval:, not both
     stage_dir = run(tmp_path, stage, **{**HELD_OUT, "every": 2, "limit": 4})
     steps = [row["step"] for row in held_out_rows(stage_dir)]
     summary = done(stage_dir)
-    assert steps == [0, 2, 3] and summary["eval_steps"] == steps, steps
+    assert steps == [0, 2, last] and summary["eval_steps"] == steps, steps
     scores = {row["step"]: row["eval/exact_match"] for row in held_out_rows(stage_dir)}
     assert summary["eval_best"] == max(scores.values()) and scores[summary["eval_best_step"]] == summary["eval_best"]
 

@@ -88,7 +88,21 @@ STAGES = {
                       "response_length": 4, "learning_rate": 1e-3, "kl_coef": 0.05, "max_steps": 6,
                       "save_steps": 1}},
 }
-SAMPLING = ("grpo", "gspo", "rloo", "distill", "ppo")
+def training_types() -> list[str]:
+    """Every registered stage type that trains (the registry decides, not a list here): each needs its stage in
+    STAGES, and if it samples while it trains (its StageSpec's rl) its kill points in KILLS."""
+    from kitcli.recipe.stage_types import builtin_specs
+
+    return [name for name, spec in builtin_specs().items() if not spec.evaluates]
+
+
+def samples(stage_type: str) -> bool:
+    from kitcli.recipe.stage_types import builtin_specs
+
+    return builtin_specs()[stage_type].rl
+
+
+SAMPLING = tuple(t for t in training_types() if samples(t))
 # Where each sampling stage type is killed: right after its checkpoint at that step, or, for "checkpoint_write",
 # while that step's checkpoint is half written (it then resumes from the checkpoint before).
 KILLS = {
@@ -98,8 +112,9 @@ KILLS = {
     "distill": {"first_pass": 2, "pass_boundary": 4, "third_pass": 10, "checkpoint_write": 8},
     "ppo": {"first_pass": 1, "pass_boundary": 2, "third_pass": 5, "checkpoint_write": 4},
 }
-CASES = [(t, "after_checkpoint") for t in STAGES if t not in SAMPLING] + [(t, k) for t in SAMPLING for k in KILLS[t]] \
-    + [(t, "final_checkpoint") for t in STAGES] + [("grpo", "end_work")]
+CASES = [(t, "after_checkpoint") for t in training_types() if t not in SAMPLING] \
+    + [(t, k) for t in SAMPLING for k in KILLS.get(t, {"(no kill points in KILLS)": 0})] \
+    + [(t, "final_checkpoint") for t in training_types()] + [("grpo", "end_work")]
 # final_checkpoint: killed right after the checkpoint at max_steps, before the adapter and DONE; end_work: died in
 # the stage's end work (its summary), the end of training logged and the adapter saved, DONE not written.
 VARIED = """
@@ -125,6 +140,9 @@ def die_in_checkpoint(target: str) -> None:
 
 
 def stage(stage_type: str) -> dict:
+    if stage_type not in STAGES or (stage_type in SAMPLING and stage_type not in KILLS):
+        pytest.fail(f"{stage_type}: no resume case; add a stage to STAGES in tests/test_resume.py (and its kill "
+                    f"points to KILLS if it samples completions)", pytrace=False)
     spec = json.loads(json.dumps(STAGES[stage_type]))
     # every checkpoint kept (save_total_limit changes no number), so a copy of the uninterrupted run can stand for
     # one killed after any of them
