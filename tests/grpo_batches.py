@@ -19,6 +19,7 @@ from same_forward import (
     assert_loss_is_the_formula,
     compared,
     float32_tolerance,
+    gradient,
     recorded_calls,
 )
 
@@ -165,9 +166,7 @@ def trainable(model) -> list[torch.nn.Parameter]:
 
 
 def gradients(loss: torch.Tensor, model, keep: bool = False) -> list[torch.Tensor]:
-    params = trainable(model)
-    grads = torch.autograd.grad(loss, params, allow_unused=True, retain_graph=keep)
-    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+    return gradient(loss, trainable(model), keep)
 
 
 def loss_and_grads(loss: torch.Tensor, model) -> tuple[float, list[torch.Tensor]]:

@@ -124,6 +124,17 @@ def assert_loss_is_the_formula(check: str, trainer_value: float, formula_value: 
         f"inputs: {difference:.3e} apart, tolerance {tolerance:.3e}")
 
 
+def gradient(loss, params, keep: bool = False) -> list:
+    """d loss / d params (0 where a parameter does not reach the loss, or the loss has no gradient at all: a trainer
+    that detached it fails the comparison, not the test's own arithmetic). `keep`: the graph, for a second one."""
+    import torch
+
+    if not loss.requires_grad:
+        return [torch.zeros_like(p) for p in params]
+    grads = torch.autograd.grad(loss, params, allow_unused=True, retain_graph=keep)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+
+
 def assert_gradient_is_the_formulas(check: str, trainer_grads, formula_grads, magnitude: float = 1.0) -> None:
     """Element by element |a - b| <= GRAD_ATOL * magnitude + GRAD_RTOL * |b| (torch.testing.assert_close's rule);
     the element furthest from it is the one recorded."""
