@@ -189,8 +189,11 @@ def find_reward(name: str, base_dir: Path, where: str) -> tuple[Any, str]:
 
 
 def normalize_spec(raw: Any, where: str) -> dict[str, Any]:
+    """A reward as a mapping: a name, a mapping, or a validated spec read by its attributes (the kit's RewardSpec)."""
     if isinstance(raw, str):
         raw = {"name": raw}
+    elif not isinstance(raw, dict) and hasattr(raw, "name"):
+        raw = {key: getattr(raw, key) for key in SPEC_KEYS if hasattr(raw, key)}
     if not isinstance(raw, dict) or "name" not in raw:
         raise KitError(f"{where}: each reward is a name or a mapping with 'name' (and optional args, weight, on_error)")
     unknown = set(raw) - SPEC_KEYS
@@ -338,7 +341,7 @@ def load_rewards(raws: list[Any], base_dir: Path, where: str = "rewards",
 
 
 def raws_name(raw: Any) -> str:
-    return str(raw["name"] if isinstance(raw, dict) else raw)
+    return str(raw["name"] if isinstance(raw, dict) else getattr(raw, "name", raw))
 
 
 def required_columns(fn: Callable) -> list[str]:

@@ -326,7 +326,7 @@ def stage_context(recipe_path: Path, stage_name: str, run_dir: Path, outputs: di
 
     recipe = load_recipe(str(recipe_path))
     if outputs is None:
-        outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
+        outputs = {s.name: run_dir / s.name for s in recipe.stages}
     return StageContext(recipe, recipe.stage(stage_name), run_dir, Console(quiet=True), outputs)
 
 

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from kitcli.display.alarms import AlarmMonitor
 from kitcli.display.dashboard import StageDashboard
+from kitcli.recipe import stage_types
 
 
 def healthy_grpo(steps: int = 40, seed: int = 0):
@@ -27,7 +28,7 @@ def healthy_grpo(steps: int = 40, seed: int = 0):
 
 
 def raised(stream, stage_type="grpo"):
-    monitor = AlarmMonitor(stage_type)
+    monitor = AlarmMonitor(stage_types.spec(stage_type))
     codes = []
     for step, logs in stream:
         codes += [(a.code, a.step) for a in monitor.update(step, logs)]
@@ -95,7 +96,7 @@ def test_ppo_names_are_checked():
 def test_alarm_in_plain_log_dashboard_and_file(tmp_path):
     out = io.StringIO()
     board = StageDashboard("grpo", tmp_path / "metrics.jsonl", Console(file=out, force_terminal=False, width=200),
-                           stage_type="grpo", index=2, total=3, mode="auto")
+                           spec=stage_types.spec("grpo"), index=2, total=3, mode="auto")
     board.begin(8)
     for step in range(1, 9):
         board.log(step, {"reward": 0.5, "frac_reward_zero_std": 1.0, "kl": 0.0})
@@ -108,7 +109,8 @@ def test_alarm_in_plain_log_dashboard_and_file(tmp_path):
     assert [(a["code"], a["step"], a["stage"]) for a in saved] == [("zero_std_groups", 3, "grpo")]
 
     recorded = Console(file=io.StringIO(), force_terminal=True, width=140, record=True)
-    live = StageDashboard("grpo", tmp_path / "live.jsonl", recorded, stage_type="grpo", index=2, total=3, mode="auto")
+    live = StageDashboard("grpo", tmp_path / "live.jsonl", recorded, spec=stage_types.spec("grpo"), index=2, total=3,
+                          mode="auto")
     live.begin(8)
     for step in range(1, 9):
         live.log(step, {"reward": 0.5, "frac_reward_zero_std": 1.0})
@@ -139,7 +141,7 @@ def test_reward_unbacked_when_the_code_reward_outruns_the_tests():
 
 def test_reward_unbacked_by_the_held_out_score():
     def run(held_out_after: float):
-        monitor = AlarmMonitor("ppo")
+        monitor = AlarmMonitor(stage_types.spec("ppo"))
         monitor.update(0, {"eval/score": 0.2, "eval/rewards/code_exec/mean": 0.2})  # before training
         for step, logs in code_stream(lambda s: min(0.9, 0.1 + 0.04 * s), lambda s: min(0.9, 0.1 + 0.04 * s)):
             monitor.update(step, logs)
@@ -151,7 +153,7 @@ def test_reward_unbacked_by_the_held_out_score():
 
 
 def test_judge_touched_names_the_share_and_a_sample():
-    monitor = AlarmMonitor("grpo")
+    monitor = AlarmMonitor(stage_types.spec("grpo"))
     honest = {"completion": "```python\ndef add(a, b):\n    return a + b\n```", "rewards": {"code_exec": 1.0}}
     hack = {"completion": "```python\nimport sys\nsys._getframe(1).f_globals['exec'] = print\n```",
             "rewards": {"code_exec": 0.0}}
@@ -166,13 +168,13 @@ def test_judge_touched_names_the_share_and_a_sample():
     # from the logged share alone, when no shown sample touches the judge
     assert "see completions.jsonl" in monitor.update(4, {**logs, "code_exec/judge_touches": 0.1}, [honest])[0].message
     # a stage without code_exec is not read for it
-    assert AlarmMonitor("grpo").update(1, {"reward": 0.5}, [hack]) == []
+    assert AlarmMonitor(stage_types.spec("grpo")).update(1, {"reward": 0.5}, [hack]) == []
 
 
 def test_the_dashboard_raises_the_hacking_alarm_with_its_sample(tmp_path):
     out = io.StringIO()
     board = StageDashboard("grpo", tmp_path / "metrics.jsonl", Console(file=out, force_terminal=False, width=400),
-                           stage_type="grpo", index=1, total=1, mode="auto")
+                           spec=stage_types.spec("grpo"), index=1, total=1, mode="auto")
     board.begin(2)
     sample = {"prompt": "Write add(a, b).", "completion": "import builtins\nbuiltins.abs = lambda x: 0",
               "rewards": {"code_exec": 0.0}}

@@ -72,7 +72,7 @@ def test_grpo_holds_exactly_the_merged_reward_model(run):
     from kitcli.stages import grpo
 
     recipe = load_recipe(str(run.parent / "r.yaml"))
-    outputs = {s["name"]: run / s["name"] for s in recipe.stages}
+    outputs = {s.name: run / s.name for s in recipe.stages}
     ctx = StageContext(recipe, recipe.stage("rlhf"), run.parent / "rebuilt", Console(quiet=True), outputs)
     trainer, _, _ = grpo.build_trainer(ctx, grpo.VARIANTS["grpo"])
     scorer = trainer.reward_funcs[-1]

@@ -62,7 +62,7 @@ def test_a_recipe_with_a_chat_template_is_checked_without_importing_unsloth_or_t
     recipes = [write_recipe(tmp_path / f"{i}.yaml", [sft_stage()], model={**TINY_MODEL, "chat_template": value})
                for i, value in enumerate(["zephyr", ARROWS, "arrows.jinja"])]
     code = ("import sys; from kitcli.recipe.load import load_recipe; "
-            f"print([load_recipe(p).data['model']['chat_template'] for p in {[str(r) for r in recipes]}]); "
+            f"print([load_recipe(p).model.chat_template for p in {[str(r) for r in recipes]}]); "
             "print([m for m in ('unsloth', 'transformers', 'torch') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     values, imported = out.splitlines()

@@ -13,6 +13,7 @@ from helpers import DATA, run_cli, write_recipe
 from rich.console import Console
 
 from kitcli.display.dashboard import StageDashboard, trend_line
+from kitcli.recipe import stage_types
 from kitcli.training.progress import make_progress_callback, samples_from_trainer
 
 STREAMS = {
@@ -54,7 +55,7 @@ def test_dashboard_shows_each_stage_types_metrics(tmp_path, stage_type):
     logs, labels = STREAMS[stage_type]
     console = Console(file=io.StringIO(), force_terminal=True, width=160, record=True)
     board = StageDashboard("train-" + stage_type, tmp_path / "metrics.jsonl", console,
-                           stage_type=None if stage_type == "custom" else stage_type, index=2, total=4)
+                           spec=None if stage_type == "custom" else stage_types.spec(stage_type), index=2, total=4)
     rl = stage_type in ("grpo", "ppo")
     drive(board, logs, samples=SAMPLES if rl else None)
     text = console.export_text()
@@ -87,7 +88,8 @@ def test_plain_lines_without_escape_codes(tmp_path):
     out = io.StringIO()
     console = Console(file=out, force_terminal=False, width=300)
     logs, labels = STREAMS["grpo"]
-    drive(StageDashboard("grpo", tmp_path / "metrics.jsonl", console, stage_type="grpo", index=3, total=4), logs,
+    drive(StageDashboard("grpo", tmp_path / "metrics.jsonl", console, spec=stage_types.spec("grpo"), index=3, total=4),
+          logs,
           steps=6, samples=SAMPLES)
     text = out.getvalue()
     assert "\x1b" not in text
@@ -101,7 +103,8 @@ def test_plain_lines_without_escape_codes(tmp_path):
 def test_json_lines(tmp_path):
     stream = io.StringIO()
     console_out = io.StringIO()
-    board = StageDashboard("sft", tmp_path / "metrics.jsonl", Console(file=console_out), stage_type="sft", index=1,
+    board = StageDashboard("sft", tmp_path / "metrics.jsonl", Console(file=console_out), spec=stage_types.spec("sft"),
+                           index=1,
                            total=2, mode="json", json_stream=stream)
     drive(board, STREAMS["sft"][0], steps=4)
     board.log(4, {"train_runtime": 1.5, "train_loss": 2.0})
@@ -132,7 +135,7 @@ def test_samples_from_a_grpo_trainer(tmp_path):
 
     console = Console(file=io.StringIO(), force_terminal=True, width=150, record=True)
     callback = make_progress_callback("grpo", tmp_path / "metrics.jsonl", console, trainer=trainer,
-                                      stage_type="grpo")
+                                      spec=stage_types.spec("grpo"))
     args, state, control = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none"), \
         TrainerState(), TrainerControl()
     state.max_steps, state.global_step = 2, 1
@@ -197,7 +200,7 @@ def test_five_long_named_rewards_leave_the_completion_60_characters(tmp_path):
     samples = [{"prompt": "Ada has 3 apples and gets 5 more. How many apples does Ada have?", "completion": completion,
                 "rewards": {name: 0.5 * i for i, name in enumerate(names)}, "reward": 5.0}]
     console = Console(file=io.StringIO(), force_terminal=True, width=160, record=True)
-    drive(StageDashboard("grpo", tmp_path / "metrics.jsonl", console, stage_type="grpo", index=1, total=1),
+    drive(StageDashboard("grpo", tmp_path / "metrics.jsonl", console, spec=stage_types.spec("grpo"), index=1, total=1),
           STREAMS["grpo"][0], steps=2, samples=samples)
     text = console.export_text()
     table = text[text.rindex("recent completions"):]

@@ -84,7 +84,7 @@ def test_an_open_r1_grpo_config_becomes_a_recipe_that_checks_and_runs_its_settin
     assert "#   max_prompt_length: 64 -- not the kit's: TRL 1.x truncates no prompts" in text
     assert "warmup_steps: 0.1  # <- warmup_ratio: 0.1" in text
     run_cli("check", out)
-    recipe = load_recipe(str(out)).data
+    recipe = load_recipe(str(out)).typed.model_dump(exclude_unset=True)
     stage = recipe["stages"][0]
     assert (stage["type"], recipe["seed"], recipe["lora"], recipe["model"]["dtype"]) == ("grpo", 7, None, "float32")
     assert stage["rewards"] == [{"name": "rewards.builtin:exact_match", "weight": 1.0},
@@ -101,7 +101,7 @@ def test_a_trl_cli_sft_config_with_peft_keeps_the_clis_lora_settings(tmp_path):
     assert unaccounted(OPEN_R1_SFT, text) == []
     assert "stage type sft: from packing" in text.splitlines()[1]
     run_cli("check", out)
-    recipe = load_recipe(str(out)).data
+    recipe = load_recipe(str(out)).typed.model_dump(exclude_unset=True)
     # lora_dropout unset: the TRL CLI's default 0.05 (ModelConfig), not the kit's 0.0
     assert recipe["lora"] == {"r": 8, "alpha": 16.0, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
     assert "dropout: 0.05  # unset in the source: the TRL CLI's default" in text
@@ -123,7 +123,7 @@ def test_an_axolotl_kto_config_becomes_a_kto_recipe(tmp_path):
     assert "datasets[0].type: chatml.argilla -- axolotl's prompt format" in text
     assert re.search(r"#   empty there: lora_model_dir, lora_fan_in_fan_out, wandb_project", text)
     run_cli("check", out)
-    recipe = load_recipe(str(out)).data
+    recipe = load_recipe(str(out)).typed.model_dump(exclude_unset=True)
     stage = recipe["stages"][0]
     assert (recipe["model"]["load_in_4bit"], recipe["model"]["max_seq_length"]) == (True, 128)
     assert re.search(r"load_in_4bit: true  # <- load_in_4bit: true .*; <- adapter: qlora \[axolotl\]", text)

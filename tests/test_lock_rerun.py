@@ -29,13 +29,13 @@ def shortened(recipe: str) -> list[str]:
 
     flags = []
     for stage in load_recipe(recipe).stages:
-        name = f"stages.{stage['name']}"
-        if stage["type"] == "eval":
+        name = f"stages.{stage.name}"
+        if stage.type == "eval":
             flags.append(f"{name}.data.limit=8")
             continue
         flags += [f"{name}.train.max_steps=4", f"{name}.train.save_steps=4",
                   f"{name}.train.per_device_train_batch_size=16"]
-        if stage.get("eval"):
+        if getattr(stage, "eval", None):
             flags += [f"{name}.eval.limit=8", f"{name}.eval.every=4"]
     return flags
 

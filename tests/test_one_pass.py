@@ -166,7 +166,7 @@ def test_the_lock_keeps_every_value_but_credentials(tmp_path):
     assert locked["stages"][1]["generation"]["max_new_tokens"] == 5
     (tmp_path / "recipe.lock.yaml").write_text(text)
     again = load_recipe(str(tmp_path / "recipe.lock.yaml"))
-    assert again.data["lora"] is None and "hub_token" not in again.stage("sft")["train"]
+    assert again.lora is None and "hub_token" not in again.stage("sft").train
     assert any("train.hub_token is a credential the lock does not store" in note for note in again.notes)
 
 

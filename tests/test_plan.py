@@ -128,8 +128,8 @@ def stage_config(ctx, stage_type: str):
     grpo = stage_types.module("grpo")
     preset = {"grpo": lambda: grpo.VARIANTS[grpo.variant_name(ctx)], "gspo": lambda: module.preset(ctx),
               "rloo": lambda: module.RLOO_PRESET}[stage_type]()
-    kind = stage_type  # grpo.py builds GRPO, GSPO (GRPOTrainer) and RLOO configs by stage type
-    return grpo.make_config(ctx, grpo.resolved_defaults(ctx, preset, grpo.load_reward_functions(ctx), kind), kind)
+    # grpo.py builds GRPO, GSPO (GRPOTrainer) and RLOO configs by the stage's StageSpec
+    return grpo.make_config(ctx, grpo.resolved_defaults(ctx, preset, grpo.load_reward_functions(ctx)))
 
 
 def without_unsloth_cpu_defaults(monkeypatch, config_cls) -> None:
@@ -175,11 +175,11 @@ def test_planner_settings_are_the_stage_config_on_a_gpu(in_tmp, monkeypatch, sta
     stage = recipe.stage("s")
     ctx = StageContext(recipe, stage, in_tmp / "run", Console(quiet=True), {})
     spec = stage_types.spec(stage_type)
-    max_seq_length = recipe.data["model"]["max_seq_length"]
+    max_seq_length = recipe.model.max_seq_length
     config = None
     if not spec.evaluates:
         if spec.trainer:  # TRL is imported with the real torch; the stage then finds it loaded
-            without_unsloth_cpu_defaults(monkeypatch, config_class(spec.type))
+            without_unsloth_cpu_defaults(monkeypatch, config_class(spec))
         fake_gpu_torch(monkeypatch)
         config = stage_config(ctx, stage_type)
     monkeypatch.setitem(sys.modules, "torch", None)  # planning itself must not import torch

@@ -107,7 +107,7 @@ def stage_context(root: Path, recipe_path: Path, run_dir: Path):
     from kitcli.recipe.stage_context import StageContext
 
     recipe = load_recipe(str(recipe_path))
-    outputs = {s["name"]: root / "run" / s["name"] for s in recipe.stages}
+    outputs = {s.name: root / "run" / s.name for s in recipe.stages}
     ctx = StageContext(recipe, recipe.stage("ppo"), run_dir, Console(width=200), outputs)
     ctx.stage_dir.mkdir(parents=True, exist_ok=True)
     return ctx

@@ -218,23 +218,25 @@ def test_the_config_s_precision_is_the_kit_s_not_the_environment_s(on_gpu, expec
     mixed_precision is derived after it puts bf16 back (on_gpu=True with a CPU is the GPU-precision emulation)."""
     import torch
 
+    from kitcli.recipe import stage_types
     from kitcli.training.trainers import config_class
     from kitcli.training.trl_config import build_config
 
     if on_gpu and not torch.cuda.is_available():
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # no CUDA here: the GPU's answer
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
-    config = build_config(config_class("dpo"), stage_defaults={}, train={}, where="t", output_dir=tmp_path, seed=0,
-                          on_gpu=on_gpu)
+    config = build_config(config_class(stage_types.spec("dpo")), stage_defaults={}, train={}, where="t",
+                          output_dir=tmp_path, seed=0, on_gpu=on_gpu)
     assert (config.bf16, config.mixed_precision) == (on_gpu, expected)
 
 
 def test_the_choices_a_config_declares_are_read_from_it(tmp_path):
     """TRL declares SFTConfig.loss_type's choices in its field metadata (nll, dft, chunked_nll): the kit reads them
     there, so a choice TRL adds is accepted without a table of the kit's to update, and a wrong one names them."""
+    from kitcli.recipe import stage_types
     from kitcli.recipe.config_fields import config_fields
 
-    declared = config_fields("SFTConfig")["loss_type"].choices
+    declared = config_fields(stage_types.spec("sft").config)["loss_type"].choices
     assert declared is not None and "chunked_nll" in declared
     stage = {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),
              "train": {"loss_type": "chunked_nll", "max_steps": 2}}

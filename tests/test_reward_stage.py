@@ -82,7 +82,7 @@ def test_merged_reward_model_ranks_chosen_above_rejected_more_often_than_before(
     ctx = stage_context(recipe, "rm", run_dir)
     train_rows, eval_rows = train_eval_rows(ctx)
     assert len(eval_rows) == 8 and len(train_rows) == 32
-    before = load_reward_model("tiny", max_seq_length=128, load_in_4bit=True, lora=ctx.recipe.data["lora"],
+    before = load_reward_model("tiny", max_seq_length=128, load_in_4bit=True, lora=ctx.recipe.lora.model_dump(),
                                dtype="float32", seed=ctx.seed, init_from=run_dir / "sft", log=lambda _: None)
     before.model.eval()
     merged = AutoModelForSequenceClassification.from_pretrained(run_dir / "rm" / "merged").eval()

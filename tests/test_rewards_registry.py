@@ -68,7 +68,7 @@ def test_builtin_name_with_args_and_weight_from_a_recipe(tmp_path):
         "rewards": ["exact_match", {"name": "format", "args": {"tags": ["think", "answer"]}, "weight": 0.5},
                     {"name": "length_penalty", "args": {"max_length": 64}, "on_error": "skip"}]}], model=TINY_MODEL)
     stage = load_recipe(str(recipe)).stage("grpo")
-    loaded = load_rewards(stage["rewards"], tmp_path, "r.yaml: stage 'grpo': rewards")
+    loaded = load_rewards(stage.rewards, tmp_path, "r.yaml: stage 'grpo': rewards")
     assert [r.name for r in loaded] == ["exact_match", "format_think_answer", "length_penalty"]
     assert [r.weight for r in loaded] == [1.0, 0.5, 1.0]
     assert [r.on_error for r in loaded] == ["raise", "raise", "skip"]
@@ -107,7 +107,7 @@ def test_file_function_relative_to_the_recipe_file(tmp_path, monkeypatch):
         "rewards": ["lib/my_rewards.py:short", {"name": "lib/my_rewards.py:contains", "args": {"word": "cat"}}]}])
     monkeypatch.chdir(tmp_path)  # not the recipe's directory: paths are relative to the recipe file
     loaded_recipe = load_recipe(str(recipe.relative_to(tmp_path)))
-    loaded = load_rewards(loaded_recipe.stage("grpo")["rewards"], loaded_recipe.base_dir)
+    loaded = load_rewards(loaded_recipe.stage("grpo").rewards, loaded_recipe.base_dir)
     assert [r.name for r in loaded] == ["short", "contains_cat"]
     assert loaded[0].source == f"{recipe_dir / 'lib' / 'my_rewards.py'}:short"
     assert loaded[1].fn(["q"], ["a cat", "a dog"]) == [1.0, 0.0]

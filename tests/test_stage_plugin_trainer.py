@@ -55,7 +55,7 @@ class NudgeSection(TrainingSection):
 
 
 def describe(ctx):
-    return {"data": ctx.stage["data"]["path"]}
+    return {"data": ctx.stage.data.path}
 
 
 def run(ctx):
@@ -65,13 +65,13 @@ def run(ctx):
     from kitcli.training.trainers import build_trainer, config_class, trainer_summary
     from kitcli.training.trl_config import build_config
 
-    config = build_config(config_class("nudge"), stage_defaults={"max_length": 64, "gradient_checkpointing": False},
-                          train=ctx.stage.get("train", {}), where=ctx.where, output_dir=ctx.dir.checkpoints,
+    config = build_config(config_class(ctx.spec), stage_defaults={"max_length": 64, "gradient_checkpointing": False},
+                          train=ctx.stage.train, where=ctx.where, output_dir=ctx.dir.checkpoints,
                           seed=ctx.seed, on_gpu=False)
-    rows = [{"prompt": r["prompt"], "completion": r["completion"]} for r in read_rows(ctx.stage["data"], ctx.where)]
-    loaded = load_stage_policy(ctx.model, lora=ctx.recipe.data["lora"], seed=ctx.seed, init_from=ctx.init_dir,
+    rows = [{"prompt": r["prompt"], "completion": r["completion"]} for r in read_rows(ctx.stage.data, ctx.where)]
+    loaded = load_stage_policy(ctx.model, lora=ctx.recipe.lora, seed=ctx.seed, init_from=ctx.init_dir,
                                log=ctx.log)
-    trainer, _ = build_trainer("nudge", loaded, args=config, train_dataset=to_dataset(rows),
+    trainer, _ = build_trainer(ctx.spec, loaded, args=config, train_dataset=to_dataset(rows),
                                processing_class=loaded.tokenizer, log=ctx.log, label=ctx.name, where=ctx.where)
     attach_progress(trainer, ctx.name, ctx.dir.metrics, ctx.console)
     trainer.train()
@@ -102,7 +102,6 @@ def plugin(tmp_path, monkeypatch):
 
     def forget():
         stage_types.specs.cache_clear()
-        config_fields.sources.cache_clear()
         config_fields.config_fields.cache_clear()
 
     forget()

@@ -33,15 +33,15 @@ class CountSection(StageSection):
 
 
 def describe(ctx):
-    return {"data": ctx.stage["data"]["path"], "rows": len(read_rows(ctx.stage["data"], ctx.where))}
+    return {"data": ctx.stage.data.path, "rows": len(read_rows(ctx.stage.data, ctx.where))}
 
 
 def run(ctx):
-    rows = read_rows(ctx.stage["data"], ctx.where)
-    board = StageDashboard(ctx.name, ctx.dir.metrics, ctx.console, stage_type="count")
-    board.begin(ctx.stage.get("steps", 3))
-    for step in range(1, ctx.stage.get("steps", 3) + 1):
-        board.log(step, {"counted": len(rows) * step / ctx.stage.get("steps", 3)})
+    rows = read_rows(ctx.stage.data, ctx.where)
+    board = StageDashboard(ctx.name, ctx.dir.metrics, ctx.console, spec=ctx.spec)
+    board.begin(ctx.stage.steps)
+    for step in range(1, ctx.stage.steps + 1):
+        board.log(step, {"counted": len(rows) * step / ctx.stage.steps})
     board.end()
     return {"rows": len(rows), "headline": f"{len(rows)} rows"}
 

@@ -1,10 +1,11 @@
-"""The structure the codebase keeps: files a reader can take in (under 450 lines); a folder per layer whose
+"""The structure the codebase keeps: files a reader can take in (under 400 lines); a folder per layer whose
 `__init__.py` says, in a line `May import: a/, b/, the ground.`, which folders its modules may import (read here, so
 the rule is written once, where a reader of the folder sees it); the ground (the modules beside kitcli/__init__.py)
 imports no folder; `rewards/` uses only kitcli/errors.py and kitcli/rundir.py of the kit; and no import circle.
 Between layers every import counts, those inside functions (which keep `kit --help` fast) too: a lazy import is
-still an arrow. The circle check reads module-level imports (a lazy import inside one folder may answer one made at
-import time, as the recipe schema asks the stage-type registry for the stage types when it validates)."""
+still an arrow. So does a circle: imports inside functions and `importlib.import_module` with a name the code writes
+(a string, or an f-string's fixed start: every module under it, as the stage-type registry imports kitcli/stages/)
+count; an import under `if TYPE_CHECKING:` runs only for a type checker and does not."""
 
 from __future__ import annotations
 
@@ -35,13 +36,24 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def project_imports(path: Path, name: str, known: set[str], lazy: bool = False) -> set[str]:
+def runtime_nodes(tree: ast.AST):
+    """Every node of a file but those under `if TYPE_CHECKING:` (imported for a type checker, never run)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            yield from (n for child in node.orelse for n in (child, *runtime_nodes(child)))
+            continue
+        yield node
+        yield from runtime_nodes(node)
+
+
+def project_imports(path: Path, name: str, known: set[str], lazy: bool = False, runtime: bool = False) -> set[str]:
     """The project modules `path` imports at module level (not inside functions or TYPE_CHECKING blocks), or with
-    `lazy` anywhere in the file."""
+    `lazy` anywhere in the file (with `runtime`, not under TYPE_CHECKING: the imports that run)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text())
     imported = set()
-    for node in ast.walk(tree) if lazy else tree.body:
+    nodes = (runtime_nodes(tree) if runtime else ast.walk(tree)) if lazy else tree.body
+    for node in nodes:
         if isinstance(node, ast.Import):
             imported |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -63,6 +75,59 @@ def import_graph() -> dict[str, set[str]]:
     """Every arrow between the project's modules: module -> the modules it imports (lazily too)."""
     found = modules()
     return {name: project_imports(path, name, set(found), lazy=True) for name, path in found.items()}
+
+
+def dynamic_imports(path: Path, known: set[str]) -> set[str]:
+    """The project modules `path` imports with `importlib.import_module(NAME)` (or `import_module` imported from
+    importlib): a string names one module, an f-string's fixed start every module under it. A name computed at run
+    time cannot be followed here."""
+    tree = ast.parse(path.read_text())
+    aliases = {"importlib.import_module"} | {f"{a.asname or a.name}" for n in ast.walk(tree)
+                                             if isinstance(n, ast.ImportFrom) and n.module == "importlib"
+                                             for a in n.names if a.name == "import_module"}
+    found = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and ast.unparse(node.func) in aliases and node.args):
+            continue
+        argument = node.args[0]
+        if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
+            found |= {argument.value} & known
+        elif isinstance(argument, ast.JoinedStr) and argument.values and isinstance(argument.values[0], ast.Constant):
+            start = argument.values[0].value
+            found |= {module for module in known if module.startswith(start) and module != start.rstrip(".")}
+    return found
+
+
+def running_graph() -> dict[str, set[str]]:
+    """Every import that runs: module level, inside functions, and importlib's by a name the code writes."""
+    found = modules()
+    known = set(found)
+    return {name: (project_imports(path, name, known, lazy=True, runtime=True) | dynamic_imports(path, known)) - {name}
+            for name, path in found.items()}
+
+
+def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of the graph (its modules in order, the first repeated at the end), or None."""
+    state: dict[str, str] = {}
+
+    def visit(name: str, trail: list[str]) -> list[str] | None:
+        state[name] = "open"
+        for target in sorted(graph[name]):
+            if state.get(target) == "open":
+                return trail[trail.index(target):] + [target]
+            if target not in state:
+                circle = visit(target, trail + [target])
+                if circle:
+                    return circle
+        state[name] = "done"
+        return None
+
+    for name in sorted(graph):
+        if name not in state:
+            circle = visit(name, [name])
+            if circle:
+                return circle
+    return None
 
 
 def layer_of(module: str) -> str:
@@ -135,22 +200,24 @@ def test_libraries_use_only_the_bottom_layer_of_the_kit(library, may_use):
 
 def test_no_circle_among_top_level_imports():
     known = set(modules())
-    graph = {name: project_imports(path, name, known) for name, path in modules().items()}
-    state: dict[str, str] = {}
+    circle = find_circle({name: project_imports(path, name, known) for name, path in modules().items()})
+    assert circle is None, "import circle: " + " -> ".join(circle)
 
-    def visit(name: str, trail: list[str]) -> None:
-        state[name] = "open"
-        for target in sorted(graph[name]):
-            if state.get(target) == "open":
-                circle = trail[trail.index(target):] + [target] if target in trail else [name, target]
-                raise AssertionError("import circle: " + " -> ".join(circle))
-            if target not in state:
-                visit(target, trail + [target])
-        state[name] = "done"
 
-    for name in sorted(graph):
-        if name not in state:
-            visit(name, [name])
+def test_no_circle_with_imports_inside_functions_and_through_importlib():
+    """The imports that run, wherever they are: a module that imports (or asks the stage-type registry, which imports
+    kitcli/stages/ by name) a module that imports it back is a circle, however late either import happens."""
+    circle = find_circle(running_graph())
+    assert circle is None, "import circle (inside functions / importlib included): " + " -> ".join(circle)
+
+
+def test_the_circle_check_reads_importlib_and_lazy_imports():
+    """What the check above stands on: the registry's importlib arrows into kitcli/stages/, a lazy import's arrow, and
+    no arrow from an import only a type checker reads."""
+    graph = running_graph()
+    assert {"kitcli.stages.sft", "kitcli.stages.grpo"} <= graph["kitcli.recipe.stage_types"]
+    assert "kitcli.recipe.stage_types" in graph["kitcli.recipe.load"]  # validate_recipe imports it in the function
+    assert "kitcli.recipe.load" not in graph["kitcli.recipe.stage_context"]  # `Recipe` under TYPE_CHECKING only
 
 
 def test_every_layer_folder_says_what_it_may_import_and_commands_is_the_top():

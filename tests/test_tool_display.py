@@ -15,6 +15,7 @@ from helpers import fails, run_cli
 from rich.console import Console
 
 from kitcli.display.dashboard import StageDashboard
+from kitcli.recipe import stage_types
 from kitcli.training.progress import samples_from_trainer
 
 CALL = {"role": "assistant", "content": "", "tool_calls": [
@@ -56,7 +57,8 @@ def grpo_run(tmp_path, samples) -> SimpleNamespace:
     (run / "recipe.lock.yaml").write_text(yaml.safe_dump({"recipe": {"name": "t", "stages": [
         {"name": "grpo", "type": "grpo", "tools": ["calculator"]}]}}))
     console = Console(file=io.StringIO(), force_terminal=True, width=200, record=True)
-    board = StageDashboard("grpo", run / "grpo" / "metrics.jsonl", console, stage_type="grpo", index=1, total=1)
+    board = StageDashboard("grpo", run / "grpo" / "metrics.jsonl", console, spec=stage_types.spec("grpo"), index=1,
+                           total=1)
     board.begin(3)
     for step in (1, 2, 3):
         board.advance(step)

@@ -93,8 +93,9 @@ def test_sft_on_tool_traces_can_leave_the_tool_results_out_of_the_loss(tmp_path,
         model={"name": "tiny", "max_seq_length": 512, "dtype": "float32"}, lora=False)
     ctx = stage_context(recipe, "sft", tmp_path / "run")
     loaded = load_stage_policy(ctx.model, lora=None, seed=0, init_from=None, log=lambda message: None)
-    trainer, _ = build_trainer("sft", loaded, args=sft.make_config(ctx), train_dataset=to_dataset(sft.load_rows(ctx)),
-                               processing_class=loaded.tokenizer, log=lambda message: None, label="sft", where="sft")
+    trainer, _ = build_trainer(ctx.spec, loaded, args=sft.make_config(ctx),
+                               train_dataset=to_dataset(sft.load_rows(ctx)), processing_class=loaded.tokenizer,
+                               log=lambda message: None, label="sft", where="sft")
     labels = trainer.data_collator([trainer.train_dataset[0]])["labels"][0].tolist()
     trained = loaded.tokenizer.decode([t for t in labels if t != -100])
     call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*13"}}\n</tool_call><|im_end|>'

@@ -237,8 +237,11 @@ def guard(fn: Callable, name: str, timeout: float = DEFAULT_TIMEOUT) -> Callable
 # --- loading ----------------------------------------------------------------------------------------------------
 
 def normalize_spec(raw: Any, where: str) -> dict[str, Any]:
+    """A tool as a mapping: a name, a mapping, or a validated spec read by its attributes (the kit's ToolSpec)."""
     if isinstance(raw, str):
         raw = {"name": raw}
+    elif not isinstance(raw, dict) and hasattr(raw, "name"):
+        raw = {key: getattr(raw, key) for key in SPEC_KEYS if hasattr(raw, key)}
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         raise KitError(f"{where}: each tool is a name or a mapping with 'name' (and optional args, timeout)")
     unknown = sorted(set(raw) - SPEC_KEYS)

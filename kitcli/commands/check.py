@@ -68,4 +68,4 @@ def check_command(recipe: str, overrides: tuple[str, ...], signal: int | None, o
                 console.print(f"warning: {finding.line()}", highlight=False, markup=False, soft_wrap=True)
         warnings = sum(f.level == "warn" for f in findings)
         console.print(f"{len(findings)} checks, {warnings} warnings", highlight=False, markup=False)
-    enforce(findings, strict or loaded.data.get("check") == "strict", loaded.source)
+    enforce(findings, strict or loaded.check == "strict", loaded.source)

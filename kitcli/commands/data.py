@@ -79,7 +79,7 @@ def filter_rows(recipe: str, stage: str, output: Path, run_dir: str | None, over
     from kitcli import libraries
     from kitcli.data.rows import read_file
     from kitcli.models.backend import load_stage_policy
-    from kitcli.recipe import stage_types
+    from kitcli.recipe.filter_spec import FilterSpec
     from kitcli.recipe.load import load_recipe
     from kitcli.recipe.stage_context import StageContext
     from kitcli.run.check import resolved_values
@@ -95,34 +95,36 @@ def filter_rows(recipe: str, stage: str, output: Path, run_dir: str | None, over
     if output.exists() and not force:
         raise KitError(f"{output} exists; pass --force to overwrite it, or choose another --output")
     loaded = load_recipe(recipe, list(overrides))
-    names = [s["name"] for s in loaded.stages]
+    names = [s.name for s in loaded.stages]
     if stage not in names:
         raise KitError(f"{loaded.source}: no stage named '{stage}' (stages: {', '.join(names)})")
     spec = loaded.stage(stage)
-    if "filter" not in stage_types.spec(spec["type"]).section.model_fields:
-        raise KitError(f"{loaded.source}: stage '{stage}' is a {spec['type']} stage; kit data filter keeps the prompts "
+    if "filter" not in type(spec).model_fields:
+        raise KitError(f"{loaded.source}: stage '{stage}' is a {spec.type} stage; kit data filter keeps the prompts "
                        f"of a stage that samples completions (grpo, gspo, rloo)")
-    if not Path(spec["data"]["path"]).is_file():
+    if not Path(spec.data.path).is_file():
         raise KitError(f"{loaded.source}: stage '{stage}' reads a hub dataset; kit data filter needs a local file")
-    spec.setdefault("filter", {"k": 8, "min_pass": 0.1, "max_pass": 0.9})
+    if spec.filter is None:  # the filter's default bounds
+        spec = spec.model_copy(update={"filter": FilterSpec()})
     folder = choose_run_dir(loaded, run_dir)
     console = Console(stderr=True, highlight=False)
     ctx = StageContext(loaded, spec, folder, console, {s: folder / s for s in names})
     init_dir, why_not = starting_policy(ctx)
     if why_not:
         raise KitError(f"{ctx.where}: {why_not}")
-    rewards = load_rewards(spec.get("rewards") or [], loaded.base_dir, f"{ctx.where}: rewards")
-    rows = stage_types.spec(spec["type"]).rows(ctx)
+    rewards = load_rewards(spec.rewards, loaded.base_dir, f"{ctx.where}: rewards")
+    rows = spec.spec.rows(ctx)
     with libraries.library_output():
         policy = load_stage_policy(ctx.model, lora=None, seed=ctx.seed, init_from=init_dir, trainable=False,
                                    log=ctx.log, label="starting policy")
     values = resolved_values(ctx)
     kept, record = run_filter(model=policy.model, tokenizer=policy.tokenizer, rows=rows, rewards=rewards, stage=spec,
-                              model_name=ctx.model["name"], init_dir=init_dir, values=values,
+                              model_name=ctx.model.name, init_dir=init_dir, values=values,
                               seed=ctx.seed, where=ctx.where, needed=1, log=ctx.log,
                               cache_dir=filter_dir(ctx.stage_dir) if RunDir(folder).is_run() else None,
-                              toolbox=stage_toolbox(ctx, policy.tokenizer, values))
-    raw = read_file(Path(spec["data"]["path"]))[: spec["data"].get("limit") or None]
+                              toolbox=stage_toolbox(spec, policy.tokenizer, values, model_name=ctx.model.name,
+                                                    base_dir=loaded.base_dir, where=ctx.where))
+    raw = read_file(Path(spec.data.path))[: spec.data.limit or None]
     index = {id(row): i for i, row in enumerate(rows)}
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(output.name + ".tmp")

@@ -216,7 +216,7 @@ def eval_command(target: str, data: str | None, tasks: tuple[str, ...], stage: s
     rows = read_rows(spec, "--data")
     specs = [parse_reward(r) for r in rewards]
     loaded_rewards = load_eval_rewards(specs, Path.cwd(), "--reward", resolved["run_dir"])
-    check_eval_rows(rows, loaded_rewards, "kit eval", spec["path"])
+    check_eval_rows(rows, loaded_rewards, "kit eval", spec.path)
 
     import contextlib
 
@@ -230,7 +230,7 @@ def eval_command(target: str, data: str | None, tasks: tuple[str, ...], stage: s
         loaded = load_target(resolved, max_seq_length=max_seq_length, seed=run_seed, log=log)
         summary, records = evaluate_rows(loaded.model, loaded.tokenizer, rows, settings, loaded_rewards,
                                          seed=run_seed, log=log, where="kit eval")
-    summary = {"model": resolved["label"], "data": spec["path"], **summary}
+    summary = {"model": resolved["label"], "data": spec.path, **summary}
     if output:
         out = Path(output)
         out.mkdir(parents=True, exist_ok=True)

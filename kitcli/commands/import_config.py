@@ -85,7 +85,7 @@ def stage_type_of(raw: dict[str, Any], shape: str, given: str | None) -> tuple[s
             return AXOLOTL_RL[raw["rl"]], f"rl: {raw['rl']}"
         return ("reward", "reward_model: true") if raw.get("reward_model") is True else ("sft", "no rl: (axolotl SFT)")
     rewarded = {"reward_funcs", "reward_model_name_or_path"}  # the TRL scripts that take rewards: grpo, rloo
-    fields = {t: set(config_fields(s.config_name)) | (rewarded if t in ("grpo", "rloo") else set())
+    fields = {t: set(config_fields(s.config)) | (rewarded if t in ("grpo", "rloo") else set())
               for t, s in trainers.items()}
     keys = set(raw) - set(config_fields("TrainingArguments"))
     weight = {k: 1 / n for k in keys if (n := sum(k in f for f in fields.values()))}  # a rarer key says more
@@ -220,7 +220,7 @@ def build(raw: dict[str, Any], source: Path, given_type: str | None) -> tuple[di
             reason = h.line.removeprefix(f"{h.where}: ").removeprefix(shown(h.value)).strip()
             imported.drop(h.key, h.value, reason.removeprefix("is "))
     stage = recipe["stages"][0]
-    known = set(config_fields(stage_types.spec(stage_type).config_name))
+    known = set(config_fields(stage_types.spec(stage_type).config))
     for key in [k for k in stage.get("train", {}) if k not in known]:
         imported.drop(key, stage["train"].pop(key), f"not a {stage_types.spec(stage_type).config_name} field nor a "
                                                     f"name the kit knows from another tool")

@@ -78,10 +78,11 @@ def detect_gpu() -> tuple[float, str] | None:
 
 # --- the command -----------------------------------------------------------------------------------------------
 
-def planned_backend(model: dict[str, Any], requested: str | None) -> str:
+def planned_backend(model, requested: str | None) -> str:
+    """The backend `kit plan` plans for: `--backend`, KIT_FORCE_BACKEND, the recipe's model.backend."""
     import importlib.util
 
-    choice = requested or os.environ.get("KIT_FORCE_BACKEND") or model.get("backend", "auto")
+    choice = requested or os.environ.get("KIT_FORCE_BACKEND") or model.backend
     if choice == "transformers":
         return "transformers"
     return "unsloth" if importlib.util.find_spec("unsloth") is not None else "transformers"
@@ -127,14 +128,14 @@ def measured_text(measured: dict[str, Any]) -> str:
 
 def plan_recipe(recipe, *, gpu_bytes: float | None, config_path: str | None, backend: str | None,
                 run_dir: Path | None = None) -> dict[str, Any]:
-    arch = find_architecture(recipe.data["model"]["name"], config_path)
-    chosen = planned_backend(recipe.data["model"], backend)
+    arch = find_architecture(recipe.model.name, config_path)
+    chosen = planned_backend(recipe.model, backend)
     stages = []
     for stage in recipe.stages:
         settings = stage_settings(recipe, stage, chosen)
         result = estimate(arch, settings, gpu_bytes)
         entry: dict[str, Any] = {
-            "stage": stage["name"], "type": stage["type"], "peak_gib": round(result.peak / GiB, 2),
+            "stage": stage.name, "type": stage.type, "peak_gib": round(result.peak / GiB, 2),
             "components": [{"name": c.name, "phase": c.phase, "gib": round(c.bytes / GiB, 3), "note": c.note}
                            for c in result.components],
             "settings": asdict(settings),
@@ -142,8 +143,7 @@ def plan_recipe(recipe, *, gpu_bytes: float | None, config_path: str | None, bac
         note = tool_note(settings)
         if note:
             entry["tools"] = note
-        measured = None if run_dir is None else measured_truncation(arch, settings, run_dir / stage["name"],
-                                                                    gpu_bytes)
+        measured = None if run_dir is None else measured_truncation(arch, settings, run_dir / stage.name, gpu_bytes)
         if measured:
             entry["measured"] = measured
         if gpu_bytes:
@@ -151,10 +151,10 @@ def plan_recipe(recipe, *, gpu_bytes: float | None, config_path: str | None, bac
             if not entry["fits"]:
                 changes, _, fitted = fit(arch, settings, gpu_bytes)
                 entry["suggestion"] = {"changes": [asdict(c) for c in changes],
-                                       "set": [set_flag(stage["name"], c) for c in changes],
+                                       "set": [set_flag(stage.name, c) for c in changes],
                                        "peak_gib": round(fitted.peak / GiB, 2), "fits": fitted.peak <= gpu_bytes}
         stages.append(entry)
-    return {"model": recipe.data["model"]["name"], "architecture": asdict(arch),
+    return {"model": recipe.model.name, "architecture": asdict(arch),
             "parameters_b": round(arch.total_params / 1e9, 3), "backend": chosen,
             "gpu_gib": round(gpu_bytes / GiB, 2) if gpu_bytes else None, "stages": stages}
 

@@ -12,25 +12,31 @@ from pathlib import Path
 from typing import Any
 
 from kitcli.errors import KitError, did_you_mean
+from kitcli.recipe.schema import declared
 from kitcli.rundir import StageDir
 
 FALLBACK_GENERATION = {"max_completion_length": 64, "temperature": 1.0}
 
 
-def choose_stage(recipe, stage_name: str | None) -> dict[str, Any]:
-    names = [s["name"] for s in recipe.stages]
+def scored(stage) -> bool:
+    """Whether a stage (its typed section) lists rewards or a reward model."""
+    return bool(declared(stage, "rewards")) or declared(stage, "reward_model") is not None
+
+
+def choose_stage(recipe, stage_name: str | None):
+    names = [s.name for s in recipe.stages]
     if stage_name is not None:
         if stage_name not in names:
             raise KitError(f"{recipe.source}: no stage named '{stage_name}'{did_you_mean(stage_name, names)} "
                            f"(stages: {', '.join(names)})")
         stage = recipe.stage(stage_name)
-        if not stage.get("rewards") and stage.get("reward_model") is None:
-            with_rewards = [s["name"] for s in recipe.stages if s.get("rewards") or s.get("reward_model")]
+        if not scored(stage):
+            with_rewards = [s.name for s in recipe.stages if scored(s)]
             raise KitError(f"{recipe.source}: stage '{stage_name}' has no rewards; stages with rewards: "
                            f"{', '.join(with_rewards) or 'none'}")
         return stage
     for stage in recipe.stages:
-        if stage.get("rewards") or stage.get("reward_model") is not None:
+        if scored(stage):
             return stage
     raise KitError(f"{recipe.source}: no stage lists rewards; add rewards: to a grpo, gspo or ppo stage")
 
@@ -46,38 +52,35 @@ def find_run_dir(recipe, run_dir: Path | None) -> Path | None:
     return candidate if candidate.is_dir() else None
 
 
-def stage_context(recipe, stage: dict[str, Any], run_dir: Path | None, console):
+def stage_context(recipe, stage, run_dir: Path | None, console):
     from kitcli.recipe.stage_context import StageContext
 
     base = run_dir or Path("runs") / f"{recipe.name}-PREVIEW"
-    outputs = {s["name"]: base / s["name"] for s in recipe.stages}
+    outputs = {s.name: base / s.name for s in recipe.stages}
     return StageContext(recipe, stage, base, console, outputs)
 
 
 def stage_rows(ctx, stage) -> list[dict[str, Any]]:
     """The rows as the stage sees them (its spec's `rows`, e.g. with a system prompt), else as read."""
     from kitcli.data.rows import read_rows, require_columns
-    from kitcli.recipe import stage_types
 
-    reader = stage_types.spec(stage["type"]).rows
+    reader = stage.spec.rows
     if reader is not None:
         return reader(ctx)
-    rows = read_rows(stage["data"], ctx.where)
-    require_columns(rows, [["prompt"]], ctx.where, stage["data"]["path"])
+    rows = read_rows(stage.data, ctx.where)
+    require_columns(rows, [["prompt"]], ctx.where, stage.data.path)
     return rows
 
 
 def generation_settings(ctx, stage) -> dict[str, Any]:
     """max_completion_length and temperature: the recipe's train: values, else the stage type's defaults."""
-    from kitcli.recipe import stage_types
-
     defaults = dict(FALLBACK_GENERATION)
-    make_defaults = stage_types.spec(stage["type"]).defaults
+    make_defaults = stage.spec.defaults
     if make_defaults is not None:
         found = make_defaults(ctx)
         found.setdefault("max_completion_length", found.get("response_length"))  # PPO's name for it
         defaults.update({k: found[k] for k in defaults if found.get(k) is not None})
-    train = dict(stage.get("train") or {})
+    train = dict(declared(stage, "train") or {})
     train.setdefault("max_completion_length", train.get("response_length"))
     return {k: train[k] if train.get(k) is not None else v for k, v in defaults.items()}
 
@@ -86,14 +89,15 @@ def stage_rewards(ctx, stage, run_dir: Path | None):
     """The stage's `rewards:` plus its `reward_model:` as a reward_model reward, with their weights."""
     from rewards.registry import LoadedReward, load_reward, load_rewards
 
-    loaded = load_rewards(stage.get("rewards") or [], ctx.recipe.base_dir, f"{ctx.where}: rewards", run_dir=run_dir)
-    spec = stage.get("reward_model")
+    loaded = load_rewards(declared(stage, "rewards") or [], ctx.recipe.base_dir, f"{ctx.where}: rewards",
+                          run_dir=run_dir)
+    spec = declared(stage, "reward_model")
     if spec is not None:
-        args = {"stage": spec["stage"]} if spec.get("stage") else {"path": spec["path"]}
-        model_reward = load_reward({"name": "reward_model", "args": args, "weight": spec["weight"]},
+        args = {"stage": spec.stage} if spec.stage else {"path": spec.path}
+        model_reward = load_reward({"name": "reward_model", "args": args, "weight": spec.weight},
                                    ctx.recipe.base_dir, f"{ctx.where}: reward_model",
                                    run_dir=run_dir or ctx.run_dir)
-        source = f"reward stage '{spec['stage']}'" if spec.get("stage") else spec["path"]
+        source = f"reward stage '{spec.stage}'" if spec.stage else spec.path
         loaded.append(LoadedReward(fn=model_reward.fn, name=model_reward.name, weight=model_reward.weight,
                                    source=source))
     return loaded
@@ -114,27 +118,23 @@ def preview(recipe_name: str, *, stage_name: str | None, count: int, run_dir: Pa
     ctx = stage_context(recipe, stage, run_dir, console)
     rows = stage_rows(ctx, stage)
     rewards = stage_rewards(ctx, stage, run_dir)
-    check_data(rewards, rows, ctx.where, f"'{stage['data']['path']}'")
+    check_data(rewards, rows, ctx.where, f"'{stage.data.path}'")
     settings = generation_settings(ctx, stage)
     max_new_tokens = max_new_tokens or settings["max_completion_length"]
     temperature = settings["temperature"] if temperature is None else temperature
 
-    picked = random.Random(recipe.data["seed"]).sample(rows, min(count, len(rows)))
+    picked = random.Random(recipe.seed).sample(rows, min(count, len(rows)))
     init_from = starting_point(stage, run_dir, console)
-    from kitcli.models.backend import load_policy
+    from kitcli.models.backend import load_stage_policy
     from kitcli.models.generate import generate
 
-    model = recipe.data["model"]
-    loaded = load_policy(model["name"], max_seq_length=model["max_seq_length"], load_in_4bit=model["load_in_4bit"],
-                         lora=None, backend=model["backend"], dtype=model["dtype"], seed=recipe.data["seed"],
-                         init_from=init_from, trust_remote_code=model["trust_remote_code"], trainable=False,
-                         chat_template=model.get("chat_template"), log=lambda m: console.print(m, markup=False),
-                         label="starting model")
+    loaded = load_stage_policy(recipe.model, lora=None, seed=recipe.seed, init_from=init_from, trainable=False,
+                               log=lambda m: console.print(m, markup=False), label="starting model")
     prompts = [row["prompt"] for row in picked]
     console.print(f"sampling {len(prompts)} completions (max_new_tokens {max_new_tokens}, temperature "
-                  f"{temperature:g}) for stage '{stage['name']}'", markup=False)
+                  f"{temperature:g}) for stage '{stage.name}'", markup=False)
     texts = generate(loaded.model, loaded.tokenizer, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                     seed=recipe.data["seed"])
+                     seed=recipe.seed)
     completions = [[{"role": "assistant", "content": t}] if isinstance(p, list) else t for p, t in zip(prompts, texts)]
     columns = {key: [row.get(key) for row in picked] for key in picked[0] if key != "prompt"}
     columns["completion_ids"] = loaded.tokenizer(texts, add_special_tokens=False)["input_ids"]
@@ -171,8 +171,8 @@ def preview(recipe_name: str, *, stage_name: str | None, count: int, run_dir: Pa
         console.print("every reward varies over the sample", markup=False)
 
 
-def starting_point(stage: dict[str, Any], run_dir: Path | None, console) -> Path | None:
-    init = stage.get("init")
+def starting_point(stage, run_dir: Path | None, console) -> Path | None:
+    init = stage.init
     if init is None:
         console.print("starting model: the base model (the stage has no init)", markup=False)
         return None

@@ -16,7 +16,9 @@ from kitcli.errors import KitError
 from kitcli.records import read_jsonl
 
 
-def fingerprint(spec: dict[str, Any]) -> str:
+def fingerprint(spec: Any) -> str:
+    """What a dataset (a stage's DataSpec, or its dict) holds: its file's sha256, or for a hub dataset its name."""
+    spec = spec if isinstance(spec, dict) else spec.model_dump()
     path = Path(spec["path"])
     if not path.is_file():
         return f"hub:{spec['path']}:{spec.get('config')}:{spec.get('split')}"

@@ -1,6 +1,6 @@
 """Alarms: signs in the logged metrics that training has stopped learning or is about to break.
 
-    monitor = AlarmMonitor("grpo")
+    monitor = AlarmMonitor(grpo.SPEC)          # the stage type (its StageSpec): RL alarms where it samples
     for step, logs in stream:
         for alarm in monitor.update(step, logs, samples):
             print(alarm.message)
@@ -33,7 +33,6 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kitcli.recipe import stage_types
 from rewards.text import extract_code, judge_touches
 
 # Where each stage type logs the quantities the checks read (first key present wins).
@@ -93,7 +92,7 @@ def finite(value: float | None) -> bool:
 class AlarmMonitor:
     """Feed it each logged metrics dict in order; `update` returns the alarms raised at that step."""
 
-    stage_type: str | None = None
+    spec: Any = None  # the stage type's StageSpec: the RL alarms only where it samples (None: unknown, all alarms)
     settings: AlarmSettings = field(default_factory=AlarmSettings)
     active: dict[str, Alarm] = field(default_factory=dict)
     raised: list[Alarm] = field(default_factory=list)
@@ -180,7 +179,7 @@ class AlarmMonitor:
 
     def check_reward(self, logs: dict[str, Any]) -> dict[str, str]:
         s = self.settings
-        if self.stage_type is not None and not stage_types.is_rl(self.stage_type):
+        if self.spec is not None and not self.spec.rl:
             return {}
         key, reward = first_value(logs, REWARD_KEYS)
         if reward is None:

@@ -28,7 +28,6 @@ from rich.console import Console
 from kitcli.display.alarms import AlarmMonitor
 from kitcli.display.conversation import turns_line
 from kitcli.display.formatting import clip, format_value, message_text
-from kitcli.recipe import stage_types
 from kitcli.rundir import StageDir
 
 # Never worth a place on screen (bookkeeping, or shown another way).
@@ -50,7 +49,7 @@ class Display:
     json_stream: Any = None
     stage_index: int | None = None
     stage_total: int | None = None
-    stage_type: str | None = None
+    spec: Any = None  # the running stage's type: its StageSpec (kitcli/recipe/stage_spec.py)
 
 
 DISPLAY = Display()
@@ -70,13 +69,14 @@ def output_mode(mode: str, json_stream=None):
 
 
 @contextmanager
-def stage_display(index: int, total: int, stage_type: str):
-    saved = (DISPLAY.stage_index, DISPLAY.stage_total, DISPLAY.stage_type)
-    DISPLAY.stage_index, DISPLAY.stage_total, DISPLAY.stage_type = index, total, stage_type
+def stage_display(index: int, total: int, spec):
+    """Stage `index` of `total`, of the type `spec` (its StageSpec), runs in the block."""
+    saved = (DISPLAY.stage_index, DISPLAY.stage_total, DISPLAY.spec)
+    DISPLAY.stage_index, DISPLAY.stage_total, DISPLAY.spec = index, total, spec
     try:
         yield
     finally:
-        DISPLAY.stage_index, DISPLAY.stage_total, DISPLAY.stage_type = saved
+        DISPLAY.stage_index, DISPLAY.stage_total, DISPLAY.spec = saved
 
 
 def json_safe(value: Any) -> Any:
@@ -105,21 +105,20 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def stage_metrics(stage_type: str | None) -> tuple[tuple[str, str], ...] | None:
-    """(logged key, label) pairs a stage type shows (kitcli/recipe/stage_types.py); None for an unknown type."""
-    spec = stage_types.specs().get(stage_type or "")
+def stage_metrics(spec) -> tuple[tuple[str, str], ...] | None:
+    """(logged key, label) pairs a stage type (its StageSpec) shows; None for none (every number is shown)."""
     return spec.metrics if spec is not None and spec.metrics else None
 
 
-def shown_metrics(logs: dict[str, Any], stage_type: str | None) -> list[tuple[str, str]]:
-    """(key, label) of the metrics in `logs` worth showing for this stage type, in display order."""
+def shown_metrics(logs: dict[str, Any], spec) -> list[tuple[str, str]]:
+    """(key, label) of the metrics in `logs` worth showing for this stage type (its StageSpec), in display order."""
     evaluating = bool(logs) and all(str(k).startswith("eval_") for k in logs if k not in NOT_SHOWN | {"epoch"})
     prefix = "eval_" if evaluating else ""
-    spec = stage_metrics(stage_type)
-    if spec is None:
+    metrics = stage_metrics(spec)
+    if metrics is None:
         return [(k, k) for k, v in logs.items() if is_number(v) and k not in NOT_SHOWN]
     shown = []
-    for key, label in spec:
+    for key, label in metrics:
         if "*" in key:
             head, tail = (prefix + key).split("*")
             for logged in logs:
@@ -137,8 +136,8 @@ def shown_value(value: Any) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else format_value(value)
 
 
-def headline(logs: dict[str, Any], stage_type: str | None = None) -> str:
-    return "  ".join(f"{label} {shown_value(logs[key])}" for key, label in shown_metrics(logs, stage_type))
+def headline(logs: dict[str, Any], spec=None) -> str:
+    return "  ".join(f"{label} {shown_value(logs[key])}" for key, label in shown_metrics(logs, spec))
 
 
 def trend_line(values: list[float], points: int = TREND_POINTS) -> str:
@@ -165,20 +164,20 @@ def clock(seconds: float) -> str:
 class StageDashboard:
     """Progress, metrics, trends, samples and alarms of one stage; writes the stage's metric and alarm logs."""
 
-    def __init__(self, stage_name: str, metrics_path: Path, console: Console, *, stage_type: str | None = None,
-                 index: int | None = None, total: int | None = None, mode: str | None = None, json_stream=None,
-                 label: str = ""):
+    def __init__(self, stage_name: str, metrics_path: Path, console: Console, *, spec=None, index: int | None = None,
+                 total: int | None = None, mode: str | None = None, json_stream=None, label: str = ""):
         self.name = stage_name
         self.label = label or stage_name
         self.metrics_path = Path(metrics_path)
         self.console = console
-        self.stage_type = stage_type if stage_type is not None else DISPLAY.stage_type
+        self.spec = spec if spec is not None else DISPLAY.spec  # the stage type's StageSpec (None: none known)
+        self.stage_type = self.spec.type if self.spec is not None else None
         self.index = index if index is not None else DISPLAY.stage_index
         self.total = total if total is not None else DISPLAY.stage_total
         mode = mode or DISPLAY.mode
         self.mode = ("live" if console.is_terminal else "plain") if mode == "auto" else mode
         self.json_stream = json_stream or DISPLAY.json_stream or sys.stdout
-        self.monitor = AlarmMonitor(self.stage_type)
+        self.monitor = AlarmMonitor(self.spec)
         self.history: dict[str, list[float]] = {}
         self.latest: dict[str, Any] = {}
         self.latest_eval: dict[str, Any] = {}
@@ -233,8 +232,8 @@ class StageDashboard:
         if "train_runtime" in logs:
             self.finished(logs)
             return
-        evaluating = bool(shown_metrics(logs, self.stage_type)) and \
-            all(key.startswith("eval_") for key, _ in shown_metrics(logs, self.stage_type))
+        evaluating = bool(shown_metrics(logs, self.spec)) and \
+            all(key.startswith("eval_") for key, _ in shown_metrics(logs, self.spec))
         for key, value in logs.items():
             if is_number(value):
                 self.history.setdefault(key, []).append(float(value))
@@ -288,7 +287,7 @@ class StageDashboard:
             return
         for alarm in alarms:
             self.plain(f"[{self.name}] ALARM step {alarm.step} {alarm.code}: {alarm.message}")
-        text = headline(logs, self.stage_type)
+        text = headline(logs, self.spec)
         if not text:
             return
         if evaluating:
@@ -358,7 +357,7 @@ class StageDashboard:
             for alarm in self.monitor.active.values():
                 alarms.append(f"! {alarm.code} (step {alarm.step}): {alarm.message}\n", style="bold red")
             parts.append(alarms)
-        if self.samples and (self.stage_type is None or stage_types.is_rl(self.stage_type)):
+        if self.samples and (self.spec is None or self.spec.rl):
             parts.append(self.sample_table())
         return Panel(Group(*parts), title=Text(self.title, style="bold"), title_align="left")
 
@@ -366,7 +365,7 @@ class StageDashboard:
         from rich.table import Table
         from rich.text import Text
 
-        shown = shown_metrics(logs, self.stage_type)
+        shown = shown_metrics(logs, self.spec)
         if not shown:
             return None
         columns = max(1, min(3, (self.console.width - 4) // 40))

@@ -309,14 +309,22 @@ def load_policy(
     return loaded
 
 
-def load_stage_policy(model: dict[str, Any], *, lora: dict[str, Any] | None, seed: int, init_from: Path | None,
-                      log=print, trainable: bool = True, label: str = "policy", **overrides: Any) -> LoadedModel:
-    """`load_policy` with the settings of a recipe's `model:` mapping (`overrides` replace any of them)."""
-    settings = {key: model[key] for key in ("max_seq_length", "load_in_4bit", "backend", "dtype", "trust_remote_code")}
-    settings["chat_template"] = model.get("chat_template")  # absent from the model: of a lock older than the key
+def load_stage_policy(model: Any, *, lora: Any, seed: int, init_from: Path | None, log=print, trainable: bool = True,
+                      label: str = "policy", **overrides: Any) -> LoadedModel:
+    """`load_policy` with the settings of a recipe's `model:` and `lora:` (its validated sections, read by their
+    attributes; `lora` None: full fine-tuning, or none to add); `overrides` replace any of the model's."""
+    settings = {key: getattr(model, key) for key in ("max_seq_length", "load_in_4bit", "backend", "dtype",
+                                                       "trust_remote_code", "chat_template")}
     settings.update(overrides)
-    return load_policy(model["name"], lora=lora, seed=seed, init_from=init_from, trainable=trainable, log=log,
-                       label=label, **settings)
+    return load_policy(model.name, lora=lora_settings(lora), seed=seed, init_from=init_from, trainable=trainable,
+                       log=log, label=label, **settings)
+
+
+def lora_settings(lora: Any) -> dict[str, Any] | None:
+    """A recipe's `lora:` section (read by its attributes) as the settings load_policy takes; None stays None."""
+    if lora is None:
+        return None
+    return {"r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout, "target_modules": lora.target_modules}
 
 
 def is_quantized(model) -> bool:

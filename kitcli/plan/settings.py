@@ -108,14 +108,14 @@ def has_critic(spec) -> bool:
 def config_defaults(spec) -> dict[str, Any]:
     """The stage's trainer config's own defaults (read from its source, nothing imported): what a field that neither
     the kit nor the recipe sets holds."""
-    if spec.section.config is None:
+    if spec.config is None:
         return {}
     from kitcli.recipe.config_fields import MISSING, config_fields
 
-    return {name: f.default for name, f in config_fields(spec.section.config).items() if f.default is not MISSING}
+    return {name: f.default for name, f in config_fields(spec.config).items() if f.default is not MISSING}
 
 
-def plan_context(recipe, stage: dict[str, Any]):
+def plan_context(recipe, stage):
     """The StageContext a stage type's plan callables read (its defaults, its frozen model): no run directory."""
     from rich.console import Console
 
@@ -124,25 +124,27 @@ def plan_context(recipe, stage: dict[str, Any]):
     return StageContext(recipe, stage, Path("kit-plan-run"), Console(quiet=True))
 
 
-def stage_values(recipe, stage: dict[str, Any]) -> dict[str, Any]:
+def stage_values(recipe, stage) -> dict[str, Any]:
     """The stage's config values as it builds them on a GPU (kitcli.training.trl_config.build_config's layers)."""
-    from kitcli.recipe import stage_types
+    from kitcli.recipe.schema import declared
     from kitcli.training.trl_config import COMMON_DEFAULTS
 
-    spec = stage_types.spec(stage["type"])
+    spec = stage.spec
     own = {}
     if spec.defaults is not None:  # they read only ctx.model, ctx.stage and the recipe
         own = spec.defaults(plan_context(recipe, stage), on_gpu=True)
-    return {**config_defaults(spec), **COMMON_DEFAULTS, **GPU_DEVICE_DEFAULTS, **own, **(stage.get("train") or {})}
+    return {**config_defaults(spec), **COMMON_DEFAULTS, **GPU_DEVICE_DEFAULTS, **own,
+            **(declared(stage, "train") or {})}
 
 
-def stage_settings(recipe, stage: dict[str, Any], backend: str) -> Settings:
-    """Settings as the stage will run them on a GPU (the values `kit run --dry-run` prints there)."""
-    from kitcli.recipe import stage_types
+def stage_settings(recipe, stage, backend: str) -> Settings:
+    """Settings as the stage (its typed section) will run them on a GPU (the values `kit run --dry-run` prints
+    there)."""
+    from kitcli.recipe.schema import declared
 
-    model, lora = recipe.data["model"], recipe.data.get("lora")
-    spec = stage_types.spec(stage["type"])
-    seq = model["max_seq_length"]
+    model, lora = recipe.model, recipe.lora
+    spec = stage.spec
+    seq = model.max_seq_length
     values = stage_values(recipe, stage)
     critic = has_critic(spec)
     if critic:  # kitcli/stages/ppo.py: one response per prompt of a rollout, trained in mini-batches of it
@@ -155,9 +157,9 @@ def stage_settings(recipe, stage: dict[str, Any], backend: str) -> Settings:
         values["steps_per_generation"] = (int(generation) // int(values["per_device_train_batch_size"]) if generation
                                           else values["gradient_accumulation_steps"])
     settings = Settings(
-        stage_type=stage["type"], backend=backend, load_in_4bit=model["load_in_4bit"] is not False and lora is not None,
-        dtype_bytes=DTYPE_BYTES.get(model.get("dtype", "auto"), 2),
-        lora_r=lora["r"] if lora else None, lora_targets=lora["target_modules"] if lora else [],
+        stage_type=stage.type, backend=backend, load_in_4bit=model.load_in_4bit is not False and lora is not None,
+        dtype_bytes=DTYPE_BYTES.get(model.dtype, 2),
+        lora_r=lora.r if lora else None, lora_targets=lora.target_modules if lora else [],
         optim=str(values["optim"]), per_device_train_batch_size=int(values["per_device_train_batch_size"]),
         gradient_accumulation_steps=int(values.get("gradient_accumulation_steps", 1)),
         seq_len=int(values.get("max_length") or seq), gradient_checkpointing=bool(values.get(
@@ -173,20 +175,21 @@ def stage_settings(recipe, stage: dict[str, Any], backend: str) -> Settings:
                            num_generations=int(values.get("num_generations", 1)),  # distillation: one each
                            steps_per_generation=int(values["steps_per_generation"]),
                            generation_batch_size=values.get("generation_batch_size"),
-                           reward_model=stage.get("reward_model") is not None, critic=critic, **vllm)
+                           reward_model=declared(stage, "reward_model") is not None, critic=critic, **vllm)
     if spec.evaluates:
         from kitcli.recipe.schema import GenerationSpec
 
-        generation = {**GenerationSpec().model_dump(), **(stage.get("generation") or {})}
+        given = declared(stage, "generation")
+        generation = (given or GenerationSpec()).model_dump()
         settings = replace(settings, prompt_len=seq, completion_len=int(generation["max_new_tokens"]),
                            eval_batch_size=int(generation["batch_size"]), gradient_checkpointing=False,
-                           load_in_4bit=model["load_in_4bit"] is not False)  # planned for a GPU
-    if stage.get("tools") or stage.get("environment"):
+                           load_in_4bit=model.load_in_4bit is not False)  # planned for a GPU
+    if declared(stage, "tools") or declared(stage, "environment"):
         settings = with_tools(settings, stage, values)
     return settings
 
 
-def with_tools(settings: Settings, stage: dict[str, Any], values: dict[str, Any]) -> Settings:
+def with_tools(settings: Settings, stage, values: dict[str, Any]) -> Settings:
     """A stage with tools. GRPO / GSPO: TRL 1.15 caps a completion, tool results included, at max_completion_length
     (its tool loop drops a result that would pass it and cuts the next reply to fit), so the planned prompt +
     completion already holds the whole multi-turn sequence. Eval: each round generates up to max_new_tokens on the
@@ -195,7 +198,7 @@ def with_tools(settings: Settings, stage: dict[str, Any], values: dict[str, Any]
 
     if settings.rl:
         return replace(settings, tool_rounds=int(values.get("max_tool_calling_iterations") or DEFAULT_ITERATIONS))
-    rounds = int(stage.get("max_tool_calling_iterations", DEFAULT_ITERATIONS))
+    rounds = int(stage.max_tool_calling_iterations)  # an eval stage's (its default: DEFAULT_ITERATIONS)
     return replace(settings, tool_rounds=rounds, completion_len=(rounds + 1) * settings.completion_len)
 
 

@@ -117,11 +117,12 @@ def reward_shares_base(reward_stage_dir: Path, policy_quantized: bool, load_in_4
     return reward_quantized == policy_quantized
 
 
-def setup_models(model_spec: dict[str, Any], lora: dict[str, Any] | None, *, seed: int, init_dir: Path | None,
+def setup_models(model_spec: Any, lora: Any, *, seed: int, init_dir: Path | None,
                  init_name: str | None, reward: RewardSource | None, where: str,
                  log: Callable[[str], None]) -> PPOModels:
     """Load the base once with the policy adapter (from `init_dir`, the stage `init_name`'s output, or fresh) and
-    add the reference, critic and reward model around it."""
+    add the reference, critic and reward model around it. `model_spec` and `lora` are the recipe's validated
+    `model:` and `lora:` sections, read by their attributes."""
     from kitcli.models.backend import load_stage_policy
 
     loaded = load_stage_policy(model_spec, lora=lora, seed=seed, init_from=init_dir, log=log)
@@ -169,13 +170,13 @@ def setup_models(model_spec: dict[str, Any], lora: dict[str, Any] | None, *, see
     return models
 
 
-def load_reward_model(model, tokenizer, reward: RewardSource, model_spec: dict[str, Any], policy_quantized: bool,
+def load_reward_model(model, tokenizer, reward: RewardSource, model_spec: Any, policy_quantized: bool,
                       where: str, log: Callable[[str], None]) -> tuple[RewardModel, str]:
     """The reward model as the frozen adapter `reward` on the shared base, or loaded beside it; and its layout line."""
     from kitcli.models.reward_models import attach_reward_adapter, load_seq_cls_scorer
 
     stage = StageDir(reward.stage_dir) if reward.stage_dir is not None else None
-    if stage is not None and reward_shares_base(stage.path, policy_quantized, model_spec["load_in_4bit"]):
+    if stage is not None and reward_shares_base(stage.path, policy_quantized, model_spec.load_in_4bit):
         head = attach_reward_adapter(model, stage.adapter, REWARD)
         return (RewardModel(tokenizer=tokenizer, name=reward.name, weight=reward.weight, head=head, adapter=REWARD),
                 f"reward model: adapter '{REWARD}' + score head of stage '{reward.stage}' (frozen)")
@@ -183,7 +184,7 @@ def load_reward_model(model, tokenizer, reward: RewardSource, model_spec: dict[s
     if not (path / "config.json").is_file():
         raise KitError(f"{where}: reward stage '{reward.stage}' left no merged model in {path}; re-run it with "
                        f"--force")
-    scorer, scorer_tokenizer = load_seq_cls_scorer(path, dtype=model_spec["dtype"], log=log)
+    scorer, scorer_tokenizer = load_seq_cls_scorer(path, dtype=model_spec.dtype, log=log)
     why = "its adapter was trained on the base in another precision" if stage is not None and stage.adapter.is_dir() \
         else "its own weights"
     return (RewardModel(tokenizer=scorer_tokenizer, name=reward.name, weight=reward.weight, model=scorer),

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 MISSING = object()
-# The base classes of the stage types' configs -> (package, module file under it); a stage type's own config is
-# found from its StageSpec's `config` path (kitcli/recipe/stage_spec.py), the bases from the files' class bases.
+# Base classes of the stage types' configs read by name -> (package, module file under it): where their own files
+# import them from a package's lazy __init__. A stage type's config is found from its StageSpec's `config` path
+# ("module:Class", kitcli/recipe/stage_spec.py), and its other bases from the imports of its file.
 BASES = {
     "_BaseConfig": ("trl", "trainer/base_config.py"),
     "TrainingArguments": ("transformers", "training_args.py"),
@@ -74,8 +75,11 @@ def help_text(call: ast.Call) -> str:
 
 @cache
 def parse_classes(package: str, relative: str) -> dict[str, tuple[list[str], dict[str, ConfigField]]]:
-    """class name -> (its base class names, its own annotated fields) for every class in one source file."""
+    """class name -> (its base classes, each as "module:Class" where the file says where it comes from, else its name;
+    its own annotated fields) for every class in one source file."""
     tree = ast.parse((package_dir(package) / relative).read_text(encoding="utf-8"))
+    module = ".".join([package, *Path(relative).with_suffix("").parts]).removesuffix(".__init__")
+    imported = imported_names(tree, module, relative.endswith("__init__.py"))
     classes = {}
     for node in tree.body:
         if not isinstance(node, ast.ClassDef):
@@ -98,36 +102,56 @@ def parse_classes(package: str, relative: str) -> dict[str, tuple[list[str], dic
                 default = literal(item.value)
             fields[item.target.id] = ConfigField(item.target.id, ast.unparse(item.annotation), default, help_,
                                                  choices)
-        classes[node.name] = ([ast.unparse(b).split(".")[-1] for b in node.bases], fields)
+        bases = [ast.unparse(b).split(".")[-1] for b in node.bases]
+        classes[node.name] = ([base_path(b, module, imported) for b in bases], fields)
     return classes
 
 
-@cache
-def sources() -> dict[str, tuple[str, str]]:
-    """config class name -> (package, module file under it): the stage types' configs (the kit's PPO config is read
-    the same way, with no import reaching up to ppo/) and their base classes."""
-    from kitcli.recipe import stage_types
-
-    found = dict(BASES)
-    for spec in stage_types.specs().values():
-        if spec.config:
-            module = spec.config.rsplit(":", 1)[0].split(".")
-            relative = "/".join(module[1:]) + ".py"
-            if not (package_dir(module[0]) / relative).is_file():
-                relative = "/".join(module[1:]) + "/__init__.py"
-            found[spec.config_name] = (module[0], relative)
+def imported_names(tree: ast.Module, module: str, package: bool) -> dict[str, str]:
+    """name -> the module a file's `from X import name` takes it from (relative imports resolved)."""
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            parts = module.split(".") if package else module.split(".")[:-1]
+            base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else [])) \
+                if node.level else node.module or ""
+            found.update({alias.asname or alias.name: base for alias in node.names})
     return found
+
+
+def base_path(name: str, module: str, imported: dict[str, str]) -> str:
+    """Where a base class is read from: the kit's BASES by name, the module the file imports it from, or the
+    file itself."""
+    if name in BASES:
+        return name
+    return f"{imported[name]}:{name}" if name in imported else f"{module}:{name}"
+
+
+def source_of(config: str) -> tuple[str, str, str]:
+    """(package, module file under it, class name) of a config class: "module:Class" (a StageSpec's `config`), or
+    the name of one of BASES."""
+    if config in BASES:
+        return (*BASES[config], config)
+    module, _, name = config.partition(":")
+    parts = module.split(".")
+    relative = "/".join(parts[1:]) + ".py"
+    if not (package_dir(parts[0]) / relative).is_file():
+        relative = "/".join(parts[1:]) + "/__init__.py"
+    return parts[0], relative, name
 
 
 @cache
 def config_fields(config: str) -> dict[str, ConfigField]:
-    """Every init field of `config` (base classes' first, a subclass's override wins)."""
-    package, relative = sources()[config]
-    bases, own = parse_classes(package, relative)[config]
+    """Every init field of the config class `config` ("module:Class", e.g. a StageSpec's `config`, or a base class's
+    name in BASES), its base classes' first (a subclass's override wins), read from their source files."""
+    package, relative, name = source_of(config)
+    try:
+        bases, own = parse_classes(package, relative)[name]
+    except (KeyError, OSError, ModuleNotFoundError):
+        return {}  # a base the kit cannot read (object, a compiled class): it adds no fields the kit checks
     fields: dict[str, ConfigField] = {}
     for base in bases:
-        if base in sources():
-            fields.update(config_fields(base))
+        fields.update(config_fields(base))
     fields.update(own)
     return fields
 
@@ -138,7 +162,7 @@ def enum_values() -> dict[str, tuple[str, ...]]:
     found: dict[str, tuple[str, ...]] = {}
     for package, relative in ENUM_SOURCES:
         for name, (bases, _) in parse_classes(package, relative).items():
-            if not any(b in ("ExplicitEnum", "Enum", "str") for b in bases):
+            if not any(b.rpartition(":")[2] in ("ExplicitEnum", "Enum", "str") for b in bases):
                 continue
             tree = ast.parse((package_dir(package) / relative).read_text(encoding="utf-8"))
             for node in tree.body:

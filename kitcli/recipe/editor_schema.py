@@ -24,18 +24,18 @@ def json_schema(specs: dict[str, StageSpec]) -> dict[str, Any]:
         definitions["LoraSpec"] = {"anyOf": [{"const": False}, {"const": "none"}, definitions["LoraSpec"]]}
     for spec in specs.values():
         section = definitions.get(spec.section.__name__)
-        if section is None or "train" not in section.get("properties", {}) or spec.section.config is None:
+        if section is None or "train" not in section.get("properties", {}) or spec.config is None:
             continue
-        section["properties"]["train"] = train_schema(spec.section, section["properties"]["train"].get("description",
-                                                                                                        ""))
+        section["properties"]["train"] = train_schema(spec, section["properties"]["train"].get("description", ""))
     return schema
 
 
-def train_schema(section, description: str) -> dict[str, Any]:
-    """A stage's `train:` block: its config's fields with their types, choices and the section's ranges."""
+def train_schema(spec, description: str) -> dict[str, Any]:
+    """A stage type's `train:` block (its StageSpec's): its config's fields with their types, choices and the
+    section's ranges."""
     from kitcli.recipe.config_fields import config_fields, field_type
 
-    config = section.config
+    section, config = spec.section, spec.config
     properties = {}
     for name, found in config_fields(config).items():
         if name in section.reserved:

@@ -178,12 +178,12 @@ def translate_stage(stage: dict, index: int, specs: dict, recipe: dict, seed: An
     spec = specs.get(stage.get("type")) if isinstance(stage.get("type"), str) else None
     if spec is not None:
         stage_fields = set(spec.section.model_fields) | {"type"}
-        config = set(config_fields(spec.config_name)) if spec.config_name else None
+        config = set(config_fields(spec.config)) if spec.config else None
     else:  # an unknown type (the schema says so): keys of any stage type are the kit's
         stage_fields, config = None, None
     known_stage = stage_fields or set().union(*(s.section.model_fields for s in specs.values())) | {"type"}
     known_train = config if config is not None else set().union(
-        *(config_fields(s.config_name) for s in specs.values() if s.config_name))
+        *(config_fields(s.config) for s in specs.values() if s.config))
     refused = set(spec.refused_keys) if spec is not None else set()  # the type's own refusal says more (ORPO's)
     known_stage = known_stage | {key for key in refused if "." not in key}
     known_train = known_train | {key.removeprefix("train.") for key in refused if key.startswith("train.")}

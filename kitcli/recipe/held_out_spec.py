@@ -23,7 +23,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FieldSerializationInfo,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 DataT = TypeVar("DataT")
 GenerationT = TypeVar("GenerationT")
@@ -51,6 +60,12 @@ class HeldOutSpec(BaseModel, Generic[DataT, GenerationT, RewardT]):
         if not isinstance(raw, list):
             raise _fail("eval.rewards must be a list of reward names or mappings")
         return raw
+
+    @field_serializer("generation")
+    def generation_as_written(self, generation: Any, info: FieldSerializationInfo) -> Any:
+        """The generation keys the recipe set: an unset `show` is 0 here (no sample lines inside the dashboard), not
+        an eval stage's 3, so the lock's dump reads back as this same section."""
+        return None if generation is None else generation.model_dump(mode=info.mode, exclude_unset=True)
 
     @model_validator(mode="after")
     def something_to_score(self, info: ValidationInfo) -> HeldOutSpec:

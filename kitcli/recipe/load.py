@@ -14,11 +14,14 @@ import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from kitcli.errors import KitError, closest, did_you_mean
+
+if TYPE_CHECKING:
+    from kitcli.recipe.schema import DataSpec, LoraSpec, ModelSpec
 
 DEFAULT_LORA = {
     "r": 16,
@@ -37,9 +40,11 @@ DEFAULT_MODEL = {
 
 @dataclass
 class Recipe:
-    """A validated recipe: `data` is the resolved dict (defaults filled in), `source` where it came from."""
+    """A validated recipe: `typed` is the recipe's pydantic model (kitcli/recipe/schema.py), with defaults filled in,
+    the recipe's and every stage's name set, paths resolved; `source` is where it came from. It is what travels:
+    stages, checks and the lock read it by attribute (`recipe.model.max_seq_length`, `stage.data.path`)."""
 
-    data: dict[str, Any]
+    typed: Any  # the model recipe_model(specs) built (a schema `Recipe`)
     source: str
     base_dir: Path = field(default_factory=Path.cwd)
     notes: list[str] = field(default_factory=list)  # foreign names read as the kit's or ignored, one line each
@@ -48,17 +53,43 @@ class Recipe:
 
     @property
     def name(self) -> str:
-        return self.data["name"]
+        return self.typed.name
 
     @property
-    def stages(self) -> list[dict[str, Any]]:
-        return self.data["stages"]
+    def seed(self) -> int:
+        return self.typed.seed
 
-    def stage(self, name: str) -> dict[str, Any]:
+    @property
+    def model(self) -> ModelSpec:
+        return self.typed.model
+
+    @property
+    def lora(self) -> LoraSpec | None:
+        """The LoRA settings every stage trains with; None for full fine-tuning (`lora: false`)."""
+        return self.typed.lora
+
+    @property
+    def check(self) -> str | None:
+        return self.typed.check
+
+    @property
+    def stages(self) -> list:
+        """The stages in order, each its type's section (kitcli/stages/<type>.py), its `name` set."""
+        return self.typed.stages
+
+    def stage(self, name: str):
         for stage in self.stages:
-            if stage["name"] == name:
+            if stage.name == name:
                 return stage
         raise KeyError(name)
+
+    def lock_dump(self) -> dict[str, Any]:
+        """The recipe as its lock file records it (kitcli/run/runner.py make_lock): the model's JSON dump, with
+        `lora: false` for full fine-tuning, which load_recipe reads back as this same recipe."""
+        dumped = self.typed.model_dump(mode="json")
+        if dumped["lora"] is None:
+            dumped["lora"] = False
+        return dumped
 
 
 class RecipeLoader(yaml.SafeLoader):
@@ -260,7 +291,7 @@ def validate_recipe(raw: dict, source: str, base_dir: Path, *, collect: bool = F
         if isinstance(raw, dict) else []
     if typed is None or (faults and not collect):
         raise KitFaults(faults, source, stage_names)
-    return Recipe(data=normalized(typed, attempt, source), source=source, base_dir=base_dir,
+    return Recipe(typed=named(typed, source), source=source, base_dir=base_dir,
                   notes=[f"{source}: {line}" for line in notes], faults=faults,
                   defaulted={stage_names[i] for i in defaulted if i < len(stage_names)})
 
@@ -268,25 +299,13 @@ def validate_recipe(raw: dict, source: str, base_dir: Path, *, collect: bool = F
 MAX_REPAIRS = 8  # validation passes, each setting aside the keys the one before faulted
 
 
-def normalized(typed, raw: dict, source: str) -> dict[str, Any]:
-    """The plain dict stages read: model and lora complete, each stage as written with its name, data and
-    reward_model in their full form."""
-    data: dict[str, Any] = {"name": typed.name or Path(source).stem, "description": typed.description,
-                            "seed": typed.seed, "model": typed.model.model_dump(),
-                            "lora": typed.lora.model_dump() if typed.lora is not None else None, "stages": []}
-    if typed.check is not None:  # only when set: a lock written before the key existed stays the same run
-        data["check"] = typed.check
-    for stage, given in zip(typed.stages, raw["stages"]):
-        checked = copy.deepcopy(given)
-        checked["name"] = stage.name or stage.type
-        for key in ("data", "eval_data", "reward_model", "generation", "filter"):
-            value = getattr(stage, key, None)
-            if value is not None:
-                checked[key] = value.model_dump()
-        if "train" in checked:
-            checked["train"] = dict(stage.train)
-        data["stages"].append(checked)
-    return data
+def named(typed, source: str):
+    """The validated recipe with its names set: the recipe's (default: its file's name) and each stage's (default:
+    its type)."""
+    typed.name = typed.name or Path(source).stem
+    for stage in typed.stages:
+        stage.name = stage.name or stage.type
+    return typed
 
 
 def validate_model(raw: Any, source: str, base_dir: Path) -> dict[str, Any]:
@@ -302,7 +321,7 @@ def validate_model(raw: Any, source: str, base_dir: Path) -> dict[str, Any]:
         raise KitError(describe_error(error, {"model": raw}, source, None, {}, prefix=("model",))) from None
 
 
-def validate_data_spec(raw: Any, where: str, base_dir: Path) -> dict[str, Any]:
+def validate_data_spec(raw: Any, where: str, base_dir: Path) -> DataSpec:
     """A dataset value on its own (`kit eval --data`): the same checks as in a recipe."""
     from pydantic import ValidationError
 
@@ -310,7 +329,7 @@ def validate_data_spec(raw: Any, where: str, base_dir: Path) -> dict[str, Any]:
     from kitcli.recipe.schema import DataSpec
 
     try:
-        return DataSpec.model_validate(raw, context={"base_dir": base_dir}).model_dump()
+        return DataSpec.model_validate(raw, context={"base_dir": base_dir})
     except ValidationError as error:
         raise KitError(describe_error(error, {"data": raw}, where, None, {}, prefix=("data",))) from None
 

@@ -255,7 +255,13 @@ class StageSection(Section):
 
     name: str | None = Field(None, description="The stage's name (its folder in the run directory).")
     init: str | None = Field(None, description="An earlier stage whose output this stage starts from.")
-    config: ClassVar[str | None] = None  # the trainer config class its `train:` block sets: its StageSpec's
+    spec: ClassVar[StageSpec | None] = None  # what its type is: set by the StageSpec that names this section
+
+
+def declared(stage: StageSection, key: str) -> Any:
+    """A key only some stage types have (`data`, `eval_data`, `rewards`, `tools` ...): its value where the stage's
+    section declares it, else None."""
+    return getattr(stage, key) if key in type(stage).model_fields else None
 
 
 class TrainingSection(StageSection):
@@ -290,12 +296,13 @@ class TrainingSection(StageSection):
 def check_train(section: type[TrainingSection], train: dict[str, Any]) -> None:
     """Every `train:` key is a field of the stage's config, of the right type and in the section's range: every
     faulty key is named (one line each), and set aside for the rest of the check (kitcli/recipe/faults.py)."""
-    config, reserved = section.config, section.reserved
-    if config is None:
+    reserved = section.reserved
+    if section.spec is None or section.spec.config is None:
         return
     from kitcli.recipe.config_fields import check_value, config_fields
 
-    names = config_fields(config)
+    path, config = section.spec.config, section.spec.config_name
+    names = config_fields(path)
     faults: dict[str, str] = {}
     bad_values = []  # keys the trainer reads, whose value was wrong (set aside, a default takes their place)
     for key, value in train.items():
@@ -305,7 +312,7 @@ def check_train(section: type[TrainingSection], train: dict[str, Any]) -> None:
             faults[key] = f"train.{key} is not a {config} field{did_you_mean(key, names)}"
             if closest(key, names):  # a misspelled field: its default stands in for the value meant
                 bad_values.append(key)
-        elif (expected := check_value(config, key, value, section.train_ranges, section.train_choices)) is not None:
+        elif (expected := check_value(path, key, value, section.train_ranges, section.train_choices)) is not None:
             faults[key] = f"{config} rejected the train settings: train.{key} must be {expected}, got {value!r}"
             bad_values.append(key)
     if faults:

@@ -1,14 +1,13 @@
 """What a stage runs with: its part of the recipe, its directory, the outputs of the stages before it, and where
 to say things. The runner makes one per stage; stages read it and never reach back into the runner.
 
-`ctx.section` is the stage's validated section (its type's pydantic model: `ctx.section.train`,
-`ctx.section.data.path`, `ctx.section.system_prompt`), which stages read; `ctx.stage` is the same stage as the
-plain dict the lock file, the report and the checks record."""
+`ctx.stage` is the stage's validated section (its type's pydantic model, kitcli/stages/<type>.py: `ctx.stage.train`,
+`ctx.stage.data.path`, `ctx.stage.system_prompt`), as the recipe validated it; `ctx.section` is the same object.
+`ctx.spec` is its type's StageSpec; `ctx.model`, `ctx.lora` and `ctx.seed` are the recipe's."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,27 +17,30 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from kitcli.recipe.load import Recipe
+    from kitcli.recipe.schema import LoraSpec, ModelSpec
+    from kitcli.recipe.stage_spec import StageSpec
 
 
 @dataclass
 class StageContext:
     recipe: Recipe
-    stage: dict[str, Any]
+    stage: Any  # the stage's section: its type's pydantic model (a kitcli.recipe.schema.StageSection)
     run_dir: Path
     console: Console
     outputs: dict[str, Path] = field(default_factory=dict)  # earlier stage name -> its directory
 
     @property
-    def name(self) -> str:
-        return self.stage["name"]
-
-    @cached_property
     def section(self) -> Any:
-        """The stage's section, typed: the recipe already validated it, so this cannot fail on a loaded recipe."""
-        from kitcli.recipe import stage_types
+        """The stage's section (the same object as `stage`)."""
+        return self.stage
 
-        section = stage_types.spec(self.stage["type"]).section
-        return section.model_validate(self.stage, context={"base_dir": self.recipe.base_dir})
+    @property
+    def spec(self) -> StageSpec:
+        return self.stage.spec
+
+    @property
+    def name(self) -> str:
+        return self.stage.name
 
     @property
     def stage_dir(self) -> Path:
@@ -53,16 +55,20 @@ class StageContext:
         return f"{self.recipe.source}: stage '{self.name}'"
 
     @property
-    def model(self) -> dict[str, Any]:
-        return self.recipe.data["model"]
+    def model(self) -> ModelSpec:
+        return self.recipe.model
+
+    @property
+    def lora(self) -> LoraSpec | None:
+        return self.recipe.lora
 
     @property
     def seed(self) -> int:
-        return self.recipe.data["seed"]
+        return self.recipe.seed
 
     @property
     def init_dir(self) -> Path | None:
-        init = self.stage.get("init")
+        init = self.stage.init
         return self.outputs[init] if init else None
 
     def output(self, stage_name: str) -> StageDir:

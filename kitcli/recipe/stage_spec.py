@@ -57,9 +57,10 @@ class StageSpec:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        """The config class is named once, here: the section's `train:` check reads it from the spec."""
-        if hasattr(self.section, "config"):
-            self.section.config = self.config_name
+        """The section knows its spec (`stage.spec` of a validated stage): its `train:` check reads the config class
+        from it, and whoever holds a typed stage asks it what the type is."""
+        self.section.spec = self
+        _declared[self.type] = self
 
     @property
     def trainer_name(self) -> str | None:
@@ -68,6 +69,17 @@ class StageSpec:
     @property
     def config_name(self) -> str | None:
         return self.config.rsplit(":", 1)[1] if self.config else None
+
+
+_declared: dict[str, StageSpec] = {}  # type -> the StageSpec this process declared for it last
+
+
+def declared_specs() -> list[StageSpec]:
+    """Every StageSpec this process has declared (its module imported: the registry, kitcli/recipe/stage_types.py,
+    imports them all when a recipe is loaded), in their `order`. For the libraries below the stages, which must not
+    import the registry: kitcli/training/trainer_classes.py remembers TRL's own classes of these before Unsloth
+    replaces them."""
+    return sorted(_declared.values(), key=lambda spec: (spec.order, spec.type))
 
 
 def split_path(path: str) -> tuple[str, str]:

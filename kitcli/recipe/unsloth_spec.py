@@ -13,7 +13,7 @@ GRPOTrainer (a CPU run) has neither path: there the keys change nothing, and the
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, model_serializer, model_validator
 
 from kitcli.recipe.schema import Section, fail
 
@@ -35,6 +35,12 @@ class UnslothSpec(Section):
             raise fail("shared_prefix_attention needs sequence_packing (Unsloth's PrefixGrouper runs on the "
                        "packed rows); set shared_prefix_attention: false, or sequence_packing: true")
         return self
+
+    @model_serializer(mode="wrap")
+    def as_written(self, handler):
+        """The keys the recipe set (what an unset one means, Unsloth deciding, is the recipe's too): the lock's dump
+        reads back as this same section, where a written shared_prefix_attention is checked against packing."""
+        return {key: value for key, value in handler(self).items() if key in self.model_fields_set}
 
 
 def unsloth_field():

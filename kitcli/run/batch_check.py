@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from kitcli import dist
-from kitcli.recipe import stage_types
+from kitcli.recipe.schema import declared
 from kitcli.recipe.stage_context import StageContext
 from kitcli.run.findings import Finding
 
@@ -19,7 +19,7 @@ def steps_per_epoch_rl(rows: int, values: dict[str, Any], world: int) -> float:
 
 
 def batch_findings(ctx: StageContext, rows: int, values: dict[str, Any]) -> list[Finding]:
-    stage, spec, world = ctx.name, stage_types.spec(ctx.stage["type"]), dist.world_size()
+    stage, spec, world = ctx.name, ctx.spec, dist.world_size()
     if spec.evaluates or "per_device_train_batch_size" not in values:
         return []
     per, accum = values["per_device_train_batch_size"], values["gradient_accumulation_steps"]
@@ -38,7 +38,7 @@ def batch_findings(ctx: StageContext, rows: int, values: dict[str, Any]) -> list
     total = max_steps if max_steps > 0 else math.ceil(float(values.get("num_train_epochs", 1)) * per_epoch)
     epochs = total / per_epoch if per_epoch else 0
     figures = f"{rows} rows, {per_epoch:g} steps per epoch, {total} steps ({epochs:.2f} epochs)"
-    if ctx.stage.get("filter"):  # how many it keeps is known only once the starting policy is sampled
+    if declared(ctx.stage, "filter") is not None:  # how many it keeps is known once the policy is sampled
         figures += (" before the filter, which keeps only the prompts the starting policy passes sometimes (--signal "
                     "or the run's filter says how many)")
     if total <= 0:

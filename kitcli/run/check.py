@@ -24,8 +24,8 @@ from typing import Any
 
 from kitcli.errors import KitError, faults_of
 from kitcli.models.chat_template import with_template_text
-from kitcli.recipe import stage_types
 from kitcli.recipe.load import Recipe
+from kitcli.recipe.schema import declared
 from kitcli.recipe.stage_context import StageContext
 from kitcli.run.batch_check import batch_findings
 from kitcli.run.findings import Finding, cut_finding
@@ -91,15 +91,13 @@ def resolved_values(ctx: StageContext) -> dict[str, Any]:
     from kitcli.recipe.config_fields import MISSING, config_fields
     from kitcli.training.trl_config import COMMON_DEFAULTS
 
-    spec = stage_types.spec(ctx.stage["type"])
-    section = spec.section
-    config = getattr(section, "config", None)
-    values = {name: f.default for name, f in config_fields(config).items()
-              if f.default is not MISSING} if isinstance(config, str) else {}
+    spec = ctx.spec
+    values = {name: f.default for name, f in config_fields(spec.config).items()
+              if f.default is not MISSING} if spec.config is not None else {}
     values.update(COMMON_DEFAULTS)
     if spec.defaults is not None:
         values.update(spec.defaults(ctx, on_gpu=False))
-    values.update(ctx.stage.get("train") or {})
+    values.update(declared(ctx.stage, "train") or {})
     return values
 
 
@@ -107,10 +105,10 @@ def stage_rows(ctx: StageContext) -> list[dict[str, Any]] | None:
     """The rows as the stage reads them (None for a hub dataset: not read by the cheap check)."""
     from kitcli.data.rows import apply_system_prompt, read_rows
 
-    spec = ctx.stage.get("data")
-    if not isinstance(spec, dict) or not Path(spec["path"]).is_file():
+    spec = declared(ctx.stage, "data")
+    if spec is None or not Path(spec.path).is_file():
         return None
-    kind = stage_types.spec(ctx.stage["type"])
+    kind = ctx.spec
     if kind.rows is not None:
         return kind.rows(ctx)
     rows = read_rows(spec, ctx.where)
@@ -118,8 +116,9 @@ def stage_rows(ctx: StageContext) -> list[dict[str, Any]] | None:
         rows = kind.as_trained(rows)
     keys = ("prompt", "completion", "chosen", "rejected", "messages", "text", "answer", "tools")
     rows = [{k: r[k] for k in keys if k in r} for r in rows]
-    if ctx.stage.get("system_prompt") and any("prompt" in r or "messages" in r for r in rows[:1]):
-        rows = apply_system_prompt(rows, ctx.stage["system_prompt"], ctx.where, spec["path"])
+    system = declared(ctx.stage, "system_prompt")
+    if system and any("prompt" in r or "messages" in r for r in rows[:1]):
+        rows = apply_system_prompt(rows, system, ctx.where, spec.path)
     return rows
 
 
@@ -186,8 +185,8 @@ class Renderer:
 
 def length_findings(ctx: StageContext, rows: list[dict[str, Any]], values: dict[str, Any], render: Renderer,
                     generation: dict[str, Any] | None) -> list[Finding]:
-    stage, seq = ctx.name, ctx.model["max_seq_length"]
-    spec = stage_types.spec(ctx.stage["type"])
+    stage, seq = ctx.name, ctx.model.max_seq_length
+    spec = ctx.spec
     shape, evaluates = spec.rows_shape, spec.evaluates
     if shape is None:
         return [Finding(stage, "lengths", "warn", f"stage type '{spec.type}'",
@@ -257,8 +256,7 @@ def template_findings(ctx: StageContext, rows: list[dict[str, Any]], render: Ren
         closed = tokenizer.apply_chat_template(prompt, tokenize=False)
         opened = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
         tags = opened_tags(opened[len(closed):] if opened.startswith(closed) else "")
-        wanted = [(r["name"] if isinstance(r, dict) else r, (r.get("args") or {}) if isinstance(r, dict) else {})
-                  for r in ctx.stage.get("rewards") or []]
+        wanted = [(r.name, r.args) for r in declared(ctx.stage, "rewards") or []]
         clashes = [(name, t) for name, args in wanted if name in TAG_REWARDS
                    for t in tags if t in (args.get("tags") or ("think", "answer"))]
         if clashes:
@@ -270,7 +268,7 @@ def template_findings(ctx: StageContext, rows: list[dict[str, Any]], render: Ren
         elif tags:
             found.append(Finding(stage, "generation prompt", "info", f"ends with <{tags[0]}>",
                                  f"completions start inside <{tags[0]}>"))
-    if stage_types.spec(ctx.stage["type"]).rows_shape == "text":  # supervised targets: the reply must end in a stop
+    if ctx.spec.rows_shape == "text":  # supervised targets: the reply must end in a stop
         stops = stop_tokens(tokenizer)
         after = reply_end(first, render)
         present = [s for s in stops if s and s in after]
@@ -305,14 +303,13 @@ def filter_findings(ctx: StageContext, rows: list[dict[str, Any]], rewards: list
     the rewards reward_findings resolved."""
     from kitcli.training.signal import pass_rule
 
-    spec = ctx.stage.get("filter")
-    if not spec:
+    spec = declared(ctx.stage, "filter")
+    if spec is None:
         return []
-    written = ctx.stage.get("rewards") or []
-    rule = pass_rule(rewards, spec, ctx.where, [r["name"] if isinstance(r, dict) else r for r in written])
-    return [Finding(ctx.name, "filter", "info", f"{spec['k']} samples x {len(rows)} prompts = "
-                                                f"{spec['k'] * len(rows)} completions before training",
-                    f"keeps pass rates in [{spec['min_pass']:g}, {spec['max_pass']:g}]; pass = {rule.describe}")]
+    rule = pass_rule(rewards, spec, ctx.where, [r.name for r in ctx.stage.rewards])
+    return [Finding(ctx.name, "filter", "info", f"{spec.k} samples x {len(rows)} prompts = "
+                                                f"{spec.k * len(rows)} completions before training",
+                    f"keeps pass rates in [{spec.min_pass:g}, {spec.max_pass:g}]; pass = {rule.describe}")]
 
 
 # --- running them ------------------------------------------------------------------------------------------------
@@ -327,11 +324,11 @@ def check_recipe(recipe: Recipe, run_dir: Path | None = None, console=None,
 
     console = console or Console(quiet=True)
     run_dir = run_dir or Path("runs") / f"{recipe.name}-CHECK"
-    tokenizer = with_template_text(load_tokenizer(recipe.data["model"]["name"]), recipe.data["model"]["chat_template"])
-    outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
+    tokenizer = with_template_text(load_tokenizer(recipe.model.name), recipe.model.chat_template)
+    outputs = {s.name: run_dir / s.name for s in recipe.stages}
     found: list[Finding] = []
     for stage in recipe.stages:
-        if stage["name"] in recipe.defaulted:  # a bad value set aside: what follows from its default is no fault
+        if stage.name in recipe.defaulted:  # a bad value set aside: what follows from its default is no fault
             continue
         ctx = StageContext(recipe, stage, run_dir, console, outputs)
         try:
@@ -344,31 +341,32 @@ def check_recipe(recipe: Recipe, run_dir: Path | None = None, console=None,
             if ctx.name not in faulted:
                 raise
     if tokenizer is None:
-        found.append(Finding("model", "tokenizer", "info", recipe.data["model"]["name"],
+        found.append(Finding("model", "tokenizer", "info", recipe.model.name,
                              "its tokenizer is not available here (offline?), so lengths were not measured"))
     return found
 
 
 def stage_findings(ctx: StageContext, tokenizer) -> list[Finding]:
     """One stage's cheap findings (only its rewards without a tokenizer: they need no model)."""
-    stage = ctx.stage
+    evaluates = ctx.spec.evaluates
     found: list[Finding] = []
     if tokenizer is None:
         found = reward_findings(ctx, stage_rows(ctx))[0]
-        return found + ([] if stage_types.spec(stage["type"]).evaluates else kit_default_findings(ctx))
+        return found + ([] if evaluates else kit_default_findings(ctx))
     render = Renderer(tokenizer)
     rows = stage_rows(ctx)
     resolved, rewards = reward_findings(ctx, rows)
     found += resolved
     if rows is None:
-        if stage.get("data"):  # an eval stage with tasks: (lm-eval benchmarks) has no data
-            found.append(Finding(ctx.name, "data", "info", stage["data"]["path"], "a hub dataset: read when it "
-                                                                                  "runs"))
+        data = declared(ctx.stage, "data")
+        if data is not None:  # an eval stage with tasks: (lm-eval benchmarks) has no data
+            found.append(Finding(ctx.name, "data", "info", data.path, "a hub dataset: read when it runs"))
         return found
-    values = resolved_values(ctx) if not stage_types.spec(stage["type"]).evaluates else {}
-    generation = {"max_new_tokens": 32, **(stage.get("generation") or {})}
+    values = resolved_values(ctx) if not evaluates else {}
+    given = declared(ctx.stage, "generation")  # an eval stage's
+    generation = {"max_new_tokens": 32, **(given.model_dump() if given is not None else {})}
     template = template_findings(ctx, rows, render)
-    schemas, measured = stage_schemas(ctx), evenly_spaced(rows, LENGTH_ROWS)
+    schemas, measured = stage_schemas(ctx.stage, ctx.recipe.base_dir, ctx.where), evenly_spaced(rows, LENGTH_ROWS)
     if any(f.topic == "chat template" for f in template):  # conversations it cannot render: not measured
         pass
     elif schemas:

@@ -4,14 +4,13 @@ check's cheap part as YAML comments, and row 1 of each stage's data as its model
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import yaml
 from rich.console import Console
 
 from kitcli.models.chat_template import with_template_text
-from kitcli.recipe import stage_types
 from kitcli.recipe.load import Recipe
+from kitcli.recipe.schema import declared
 from kitcli.run.preflight import preflight
 from kitcli.training.trl_config import CHANGED
 
@@ -19,10 +18,11 @@ from kitcli.training.trl_config import CHANGED
 def dry_run(recipe: Recipe, console: Console) -> None:
     """Print every stage's resolved configuration (the TRL config values after the kit's defaults)."""
     described = preflight(recipe, Path("runs") / f"{recipe.name}-DRYRUN", console, as_comments=True).described
-    header = {k: recipe.data[k] for k in ("name", "seed", "model", "lora")}
+    header = {"name": recipe.name, "seed": recipe.seed, "model": recipe.model.model_dump(),
+              "lora": recipe.lora.model_dump() if recipe.lora is not None else None}
     console.print(yaml.safe_dump(header, sort_keys=False).rstrip(), highlight=False, markup=False, soft_wrap=True)
     for index, (stage, resolved) in enumerate(zip(recipe.stages, described), start=1):
-        console.print(f"\n# stage {index}/{len(recipe.stages)}: {stage['name']} ({stage['type']})",
+        console.print(f"\n# stage {index}/{len(recipe.stages)}: {stage.name} ({stage.type})",
                       highlight=False, markup=False)
         for note in resolved.get(CHANGED, ()):  # what the kit changed from the recipe, as comments (and in the lock)
             console.print(f"# changed from the recipe: {note}", highlight=False, markup=False, soft_wrap=True)
@@ -35,24 +35,24 @@ def dry_run(recipe: Recipe, console: Console) -> None:
             console.print(f"# row 1 as the model sees it:\n{lines}", highlight=False, markup=False, soft_wrap=True)
 
 
-def formatted_example(recipe: Recipe, stage: dict[str, Any]) -> str | None:
+def formatted_example(recipe: Recipe, stage) -> str | None:
     """The first row of a stage's data as its model will read it: after `chat:` and `system_prompt`, rendered with
     the model's chat template when the tokenizer is on disk (the tiny model, a local directory, a converted GGUF);
     otherwise the conversation itself. None for data the kit cannot read here (a hub dataset offline)."""
     from kitcli.data.rows import apply_system_prompt, read_rows
 
-    spec = stage.get("data")
-    if not isinstance(spec, dict) or not Path(spec["path"]).is_file():
+    spec = declared(stage, "data")
+    if spec is None or not Path(spec.path).is_file():
         return None
-    row = read_rows({**spec, "limit": 1}, stage["name"])[0]
-    kind = stage_types.spec(stage["type"])
+    row = read_rows(spec.model_copy(update={"limit": 1}), stage.name)[0]
+    kind = stage.spec
     if kind.as_trained is not None:  # e.g. KTO unpairs a pair: its first row is (prompt, chosen, true)
         row = kind.as_trained([row])[0]
     generates = kind.rows_shape == "prompts"  # the model sees the prompt only and writes the rest itself
     keys = [k for k in (("prompt",) if generates else ("prompt", "completion", "chosen", "rejected", "messages",
                                                          "text")) if k in row]
-    row = apply_system_prompt([{k: row[k] for k in keys}], stage.get("system_prompt"), stage["name"], spec["path"])[0]
-    tokenizer = with_template_text(local_tokenizer(recipe.data["model"]["name"]), recipe.data["model"]["chat_template"])
+    row = apply_system_prompt([{k: row[k] for k in keys}], declared(stage, "system_prompt"), stage.name, spec.path)[0]
+    tokenizer = with_template_text(local_tokenizer(recipe.model.name), recipe.model.chat_template)
     if tokenizer is None or getattr(tokenizer, "chat_template", None) is None:
         return yaml.safe_dump(row, sort_keys=False, allow_unicode=True).rstrip()
     parts = []

@@ -24,7 +24,6 @@ import sys
 from pathlib import Path
 
 from kitcli.errors import KitError
-from kitcli.recipe import stage_types
 from kitcli.rundir import RunDir, in_use, lock_holder
 
 LAUNCHERS = ("accelerate",)
@@ -68,13 +67,12 @@ def check_request(recipe, *, num_processes: int, deepspeed: str | None, fsdp: bo
                            f"--num-processes {num_processes} but no CUDA device is visible; add --cpu to run the "
                            f"processes on CPU (gloo), or run on a machine with {num_processes} GPUs")
     for stage in recipe.stages:
-        spec = stage_types.spec(stage["type"])
-        if spec.launcher is None:
-            why = spec.launcher_refusal or "it does not run under --launcher"
-            raise KitError(f"{recipe.source}: stage '{stage['name']}': {why}")
+        if stage.spec.launcher is None:
+            why = stage.spec.launcher_refusal or "it does not run under --launcher"
+            raise KitError(f"{recipe.source}: stage '{stage.name}': {why}")
     sharded = (deepspeed == "zero3") or fsdp
-    four_bit = recipe.data["model"]["load_in_4bit"] is not False and not cpu  # unset: 4-bit on GPUs
-    if sharded and four_bit and recipe.data["lora"] is not None:
+    four_bit = recipe.model.load_in_4bit is not False and not cpu  # unset: 4-bit on GPUs
+    if sharded and four_bit and recipe.lora is not None:
         raise KitError(f"{'--deepspeed zero3' if deepspeed else '--fsdp'} shards the weights, which bitsandbytes "
                        f"4-bit weights do not support here; add --set model.load_in_4bit=false (16-bit LoRA), or "
                        f"use --deepspeed zero2 / plain data parallel with 4-bit")

@@ -39,7 +39,7 @@ class Checked:
 
     def raise_faults(self, recipe: Recipe) -> None:
         if self.faults:
-            raise KitFaults(self.faults, recipe.source, [s["name"] for s in recipe.stages])
+            raise KitFaults(self.faults, recipe.source, [s.name for s in recipe.stages])
 
 
 def describe_stages(recipe: Recipe, run_dir: Path, console: Console, faults: list[str]) -> list[dict | None]:
@@ -47,14 +47,14 @@ def describe_stages(recipe: Recipe, run_dir: Path, console: Console, faults: lis
     faults adding its lines to `faults` and None to the list. A stage whose bad value the recipe's own check set aside
     is not described: with a default in its place its config could fault for a reason the recipe does not have (its
     other checks still run; an unknown key set aside changes nothing, and the stage is described)."""
-    outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
+    outputs = {s.name: run_dir / s.name for s in recipe.stages}
     described: list[dict | None] = []
     for stage in recipe.stages:
-        if stage["name"] in recipe.defaulted:  # a bad value set aside: its default could fault in its place
+        if stage.name in recipe.defaulted:  # a bad value set aside: its default could fault in its place
             described.append(None)
             continue
         try:
-            described.append(stage_types.module(stage["type"]).describe(
+            described.append(stage_types.module(stage.type).describe(
                 StageContext(recipe, stage, run_dir, console, outputs)))
         except KitError as error:
             faults += faults_of(error)
@@ -68,15 +68,15 @@ def check_before_running(recipe: Recipe, run_dir: Path, console: Console, *, loa
     and a warning for a check or a dry run, which are how a GPU recipe is checked on a machine without it."""
     faults = list(recipe.faults)
     described = describe_stages(recipe, run_dir, console, faults)
-    faulted = frozenset(s["name"] for s, d in zip(recipe.stages, described) if d is None)
+    faulted = frozenset(s.name for s, d in zip(recipe.stages, described) if d is None)
     findings = check_recipe(recipe, run_dir=run_dir, console=console, faults=faults, faulted=faulted)
     try:  # this machine's, not the recipe's: named once the recipe has no fault of its own
-        check_model_reachable(recipe.data["model"]["name"])
+        check_model_reachable(recipe.model.name)
     except KitError as error:
         if loads_model and not faults:
             faults += faults_of(error)
         elif not loads_model:
-            findings.insert(0, Finding("model", "reachable", "warn", recipe.data["model"]["name"],
+            findings.insert(0, Finding("model", "reachable", "warn", recipe.model.name,
                                        f"kit run needs it here: {error.format_message()}"))
     return Checked(described, findings, faults)
 
@@ -86,7 +86,7 @@ def notes(recipe: Recipe, described: list[dict | None]) -> list[str]:
     value it changed from the recipe (a GPU setting on a CPU, an older form; kitcli/training/trl_config.py)."""
     from kitcli.training.trl_config import CHANGED
 
-    changed = [f"{recipe.source}: stage '{stage['name']}': {note}"
+    changed = [f"{recipe.source}: stage '{stage.name}': {note}"
                for stage, resolved in zip(recipe.stages, described) for note in (resolved or {}).get(CHANGED, ())]
     return [*recipe.notes, *changed]
 
@@ -112,5 +112,5 @@ def preflight(recipe: Recipe, run_dir: Path, console: Console, *, as_comments: b
                   highlight=False, markup=False, soft_wrap=True)
     for finding in warnings:
         console.print(f"{prefix}  {finding.line()}", highlight=False, markup=False, soft_wrap=True)
-    enforce(checked.findings, recipe.data.get("check") == "strict", recipe.source)
+    enforce(checked.findings, recipe.check == "strict", recipe.source)
     return checked

@@ -31,6 +31,7 @@ from kitcli.display.dashboard import emit_json, stage_display
 from kitcli.errors import KitError
 from kitcli.recipe import stage_types
 from kitcli.recipe.load import Recipe
+from kitcli.recipe.schema import declared
 from kitcli.recipe.stage_context import StageContext
 from kitcli.records import first_difference
 from kitcli.run.preflight import preflight
@@ -57,31 +58,27 @@ def package_versions() -> dict[str, str]:
 
 
 def dataset_fingerprints(recipe: Recipe) -> dict[str, str]:
+    """Every dataset file a stage reads (its data, eval_data, its `eval:`'s held-out rows): its sha256."""
     prints = {}
     for stage in recipe.stages:
-        for key in ("data", "eval_data"):
-            if key in stage:
-                prints[f"{stage['name']}.{key}"] = fingerprint(stage[key])
-        held_out = stage.get("eval")  # a training stage's held-out rows (`eval:`), as written: resolved here
-        if isinstance(held_out, dict) and held_out.get("data") is not None:
-            from kitcli.recipe.schema import DataSpec
-
-            data = DataSpec.model_validate(held_out["data"], context={"base_dir": recipe.base_dir})
-            prints[f"{stage['name']}.eval.data"] = fingerprint(data.model_dump())
+        held_out = declared(stage, "eval")  # a training stage's held-out rows (`eval:`)
+        for key, data in (("data", declared(stage, "data")), ("eval_data", declared(stage, "eval_data")),
+                          ("eval.data", held_out.data if held_out is not None else None)):
+            if data is not None:
+                prints[f"{stage.name}.{key}"] = fingerprint(data)
     return prints
 
 
 def make_lock(recipe: Recipe) -> dict[str, Any]:
     """What `kit run --from-lock` reruns exactly: every value of the recipe (`lora: false` kept false, a tokenizer's
     tokens kept; only credentials redacted), and what the kit read or changed (notes)."""
-    data = {**recipe.data, "lora": recipe.data["lora"] if recipe.data["lora"] is not None else False}
     return {
-        "recipe": redact(data),
+        "recipe": redact(recipe.lock_dump()),
         **({"notes": list(recipe.notes)} if recipe.notes else {}),
         "source": recipe.source,
-        "seed": recipe.data["seed"],
+        "seed": recipe.seed,
         "datasets": dataset_fingerprints(recipe),
-        "model_file": model_file_fingerprint(recipe.data["model"]["name"]),
+        "model_file": model_file_fingerprint(recipe.model.name),
         "versions": package_versions(),
         "platform": f"{platform.system()} {platform.machine()}",
         "created": datetime.now().isoformat(timespec="seconds"),
@@ -123,12 +120,12 @@ def choose_run_dir(recipe: Recipe, output: str | None, lock: dict[str, Any] | No
     return runs / f"{recipe.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def resumed_note(checkpoint: str, stage_type: str, finished: bool = False) -> str:
-    """What a resumed stage restored, for its DONE summary and the report."""
+def resumed_note(checkpoint: str, spec, finished: bool = False) -> str:
+    """What a resumed stage restored, for its DONE summary and the report (`spec`: its type's StageSpec)."""
     if finished:  # kitcli/training/finished.py: the weights and the Trainer's state, nothing left to train
         return (f"resumed from {checkpoint} (step {checkpoint.rsplit('-', 1)[-1]}), where it had finished training: "
                 f"restored its weights and state, and did only its end work")
-    restored = stage_types.spec(stage_type).resume_restores
+    restored = spec.resume_restores
     return f"resumed from {checkpoint} (step {checkpoint.rsplit('-', 1)[-1]}): restored {restored}"
 
 
@@ -156,13 +153,13 @@ def check_resumable_stages(recipe: Recipe, run_dir: Path, existing: dict[str, An
             return {k: without_volatile(v) for k, v in tree.items() if k not in VOLATILE_SETTINGS}
         return tree
 
-    outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
+    outputs = {s.name: run_dir / s.name for s in recipe.stages}
     for stage in recipe.stages:
         ctx = StageContext(recipe, stage, run_dir, console, outputs)
         checkpoint = last_checkpoint(ctx.stage_dir)
         if checkpoint is None or ctx.dir.done() is not None:
             continue
-        check_files(checkpoint, required_files(stage["type"], checkpoint))
+        check_files(checkpoint, required_files(ctx.spec.checkpoint_files, checkpoint))
         before = without_volatile((existing.get("resolved") or {}).get(ctx.name))
         now = without_volatile(lock["resolved"][ctx.name])
         differs = first_difference(before, now) if before is not None else None
@@ -171,7 +168,7 @@ def check_resumable_stages(recipe: Recipe, run_dir: Path, existing: dict[str, An
             raise KitError(f"{ctx.where}: {checkpoint.name} was written with other settings ({key} was {was!r}, now "
                            f"{is_now!r}), so resuming would not continue the same run; "
                            f"{way_out(ctx.stage_dir, checkpoint)}")
-        check_lora_shape(checkpoint, stage_lora(ctx), ctx.where)
+        check_lora_shape(checkpoint, stage_lora(ctx.init_dir, ctx.lora), ctx.where)
 
 
 def run_recipe(recipe: Recipe, *, output: str | None, force: bool, console: Console, no_lock: bool = False,
@@ -202,15 +199,15 @@ def run_stages(recipe: Recipe, run_dir: Path, lock: dict[str, Any], *, force: bo
     if selected is not None:
         check_selected_inputs(recipe, run_dir, selected)
     outputs: dict[str, Path] = {}
-    results: list[tuple[dict[str, Any], dict[str, Any], str]] = []
+    results: list[tuple[Any, dict[str, Any], str]] = []
     for index, stage in enumerate(recipe.stages, start=1):
-        if selected is not None and stage["name"] not in selected:
+        if selected is not None and stage.name not in selected:
             outcome = reuse_unselected(stage, run_dir, f"{index}/{len(recipe.stages)}", console)
         else:
             ctx = StageContext(recipe, stage, run_dir, console, outputs)
             outcome = run_one_stage(ctx, index, len(recipe.stages), lock, force=force, writer=writer)
         if outcome is not None:
-            outputs[stage["name"]] = run_dir / stage["name"]
+            outputs[stage.name] = run_dir / stage.name
             results.append((stage, *outcome))
     if writer is None:
         return run_dir
@@ -228,12 +225,12 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path, lock: dict[str, Any], *, forc
                   f"TRL and Unsloth first; their messages go to {RunDir(run_dir).library_log})",
                   highlight=False, markup=False)
     described = preflight(recipe, run_dir, console).described  # every fault of every stage, or none
-    lock["resolved"] = redact({s["name"]: d for s, d in zip(recipe.stages, described)})  # e.g. variant presets
+    lock["resolved"] = redact({s.name: d for s, d in zip(recipe.stages, described)})  # e.g. variant presets
     if writer is not None:
         take_run_dir(recipe, run_dir, lock, force=force, console=console, writer=writer)
     dist.barrier()
     console.print(f"run directory: {run_dir}", highlight=False, markup=False)
-    if recipe.data["model"].get("trust_remote_code"):
+    if recipe.model.trust_remote_code:
         console.print("warning: model.trust_remote_code is on: the model's own Python code from its repository "
                       "will run",
                       highlight=False, markup=False)
@@ -261,11 +258,10 @@ def take_run_dir(recipe: Recipe, run_dir: Path, lock: dict[str, Any], *, force: 
         RunDir(run_dir).write_lock(lock)
 
 
-def reuse_unselected(stage: dict[str, Any], run_dir: Path, heading: str,
-                     console: Console) -> tuple[dict[str, Any], str] | None:
+def reuse_unselected(stage, run_dir: Path, heading: str, console: Console) -> tuple[dict[str, Any], str] | None:
     """A stage `--until` / `--only` leaves out: its finished output is reused, an unfinished one left as it is."""
-    done = RunDir(run_dir).stage(stage["name"]).done()
-    console.print(f"stage {heading} {stage['name']} ({stage['type']}): not selected, "
+    done = RunDir(run_dir).stage(stage.name).done()
+    console.print(f"stage {heading} {stage.name} ({stage.type}): not selected, "
                   f"{'its finished output reused' if done is not None else 'left as it is'}",
                   highlight=False, markup=False)
     return (done, "skipped (done)") if done is not None else None
@@ -280,7 +276,7 @@ def run_one_stage(ctx: StageContext, index: int, total: int, lock: dict[str, Any
         writer.check(f"stage '{ctx.name}'")
     done = ctx.dir.done()
     if done is not None and not force:
-        console.print(f"stage {heading} {ctx.name} ({stage['type']}): finished earlier, skipping",
+        console.print(f"stage {heading} {ctx.name} ({stage.type}): finished earlier, skipping",
                       highlight=False, markup=False)
         return done, "skipped (done)"
     if main:
@@ -288,12 +284,12 @@ def run_one_stage(ctx: StageContext, index: int, total: int, lock: dict[str, Any
             shutil.rmtree(ctx.stage_dir)
         ctx.stage_dir.mkdir(parents=True, exist_ok=True)
     dist.barrier()
-    if not main and stage_types.spec(stage["type"]).evaluates:  # generation is not distributed: main evaluates
+    if not main and ctx.spec.evaluates:  # generation is not distributed: main evaluates
         dist.barrier()
         return ctx.dir.done() or {}, "ran (main process)"
-    console.rule(f"stage {heading}: {ctx.name} ({stage['type']})")
+    console.rule(f"stage {heading}: {ctx.name} ({stage.type})")
     started = time.time()
-    with stage_display(index, total, stage["type"]):
+    with stage_display(index, total, ctx.spec):
         summary = run_stage(ctx)
     summary = {**summary, "seconds": round(time.time() - started, 2), **peak_gpu_memory()}
     if summary.get("resumed_from"):
@@ -301,7 +297,7 @@ def run_one_stage(ctx: StageContext, index: int, total: int, lock: dict[str, Any
 
         resumed = ctx.dir.checkpoints / summary["resumed_from"]
         finished = (resumed / "trainer_state.json").is_file() and finished_steps(resumed) is not None
-        summary["resumed"] = resumed_note(summary["resumed_from"], stage["type"], finished)
+        summary["resumed"] = resumed_note(summary["resumed_from"], ctx.spec, finished)
     if main:
         write_done(ctx, summary, lock)
     dist.barrier()
@@ -344,7 +340,7 @@ def run_stage(ctx: StageContext) -> dict[str, Any]:
     """Run one stage with clean-stop signal handling; a requested stop leaves the stage unfinished (no DONE)."""
     interrupt.install_handlers()
     try:
-        summary = stage_module(ctx.stage["type"]).run(ctx)
+        summary = stage_module(ctx.stage.type).run(ctx)
     except Exception as error:
         if type(error).__name__ == "OutOfMemoryError":
             raise out_of_memory(ctx) from None
@@ -359,20 +355,21 @@ def run_stage(ctx: StageContext) -> dict[str, Any]:
         raise interrupt.StageInterrupted(f"stage '{ctx.name}' stopped by {interrupt.requested()}; {saved}run the same "
                                          f"command again to resume")
     if summary.get("steps") == 0:  # a training stage that trained nothing must not be marked done
-        train = ctx.stage.get("train") or {}
+        train, data = declared(ctx.stage, "train") or {}, declared(ctx.stage, "data")
         raise KitError(f"{ctx.where}: the stage ran zero optimizer steps (num_train_epochs "
                        f"{train.get('num_train_epochs', 'default')}, max_steps {train.get('max_steps', 'default')}, "
-                       f"on the rows of {ctx.stage['data']['path']}); give it more data, or set train.max_steps")
+                       f"on the rows of {data.path if data else 'its data'}); give it more data, or set "
+                       f"train.max_steps")
     return summary
 
 
 def out_of_memory(ctx: StageContext) -> KitError:
-    train = ctx.stage.get("train", {})
-    memory = stage_types.spec(ctx.stage["type"]).memory_settings
-    settings = ", ".join(f"{k}={train[k]}" for k in memory if k in train) or "the stage's train settings"
-    rank = (ctx.recipe.data["lora"] or {}).get("r")
+    train = declared(ctx.stage, "train") or {}
+    settings = ", ".join(f"{k}={train[k]}" for k in ctx.spec.memory_settings if k in train) or \
+        "the stage's train settings"
+    rank = ctx.lora.r if ctx.lora is not None else None
     return KitError(f"stage '{ctx.name}' ran out of GPU memory ({settings}; lora.r={rank}, "
-                    f"model.max_seq_length={ctx.model['max_seq_length']}); lower per_device_train_batch_size (raise "
+                    f"model.max_seq_length={ctx.model.max_seq_length}); lower per_device_train_batch_size (raise "
                     f"gradient_accumulation_steps to keep the batch), the lengths or num_generations, or lora.r; "
                     f"`kit plan {ctx.recipe.source}` estimates the memory of each stage")
 
@@ -384,10 +381,9 @@ def print_summary(results, console: Console, report: Path | None = None, run_dir
     for column in ("stage", "type", "status", "seconds", "result"):
         table.add_column(column)
     for stage, summary, status in results:
-        table.add_row(stage["name"], stage["type"], status, str(summary.get("seconds", "")),
-                      summary.get("headline", ""))
+        table.add_row(stage.name, stage.type, status, str(summary.get("seconds", "")), summary.get("headline", ""))
     console.print(table)
-    evals = [(stage, summary) for stage, summary, _ in results if stage_types.spec(stage["type"]).evaluates]
+    evals = [(stage.model_dump(mode="json"), summary) for stage, summary, _ in results if stage.spec.evaluates]
     if evals:
         header, rows = before_after(evals)
         table = Table(title="evaluation (held-out): before and after training")
@@ -400,5 +396,5 @@ def print_summary(results, console: Console, report: Path | None = None, run_dir
         console.print(f"report: {report}", highlight=False, markup=False)
     emit_json({"event": "summary", "run_dir": str(run_dir) if run_dir else None,
                "report": str(report) if report else None,
-               "stages": [{"name": stage["name"], "type": stage["type"], "status": status, **summary}
+               "stages": [{"name": stage.name, "type": stage.type, "status": status, **summary}
                           for stage, summary, status in results]})

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from kitcli.errors import KitError, did_you_mean
 from kitcli.recipe.load import Recipe
+from kitcli.recipe.schema import declared
 from kitcli.rundir import RunDir
 
 
@@ -18,7 +19,7 @@ def selected_stages(recipe: Recipe, until: str | None = None, only: list[str] | 
     if until is not None and only:
         raise KitError("--until and --only exclude each other: --until runs every stage up to one, --only the "
                        "ones it names")
-    names = [s["name"] for s in recipe.stages]
+    names = [s.name for s in recipe.stages]
     for name in [until] if until is not None else only:
         if name not in names:
             option = "--until" if until is not None else "--only"
@@ -30,11 +31,11 @@ def selected_stages(recipe: Recipe, until: str | None = None, only: list[str] | 
 def check_selected_inputs(recipe: Recipe, run_dir: Path, selected: list[str]) -> None:
     """Each selected stage's `init:` and `reward_model:` stage is selected too or finished in the run directory."""
     for stage in recipe.stages:
-        if stage["name"] not in selected:
+        if stage.name not in selected:
             continue
-        for key, needed in (("init", stage.get("init")), ("reward_model", (stage.get("reward_model") or {}).get(
-                "stage"))):
+        reward_model = declared(stage, "reward_model")
+        for key, needed in (("init", stage.init), ("reward_model", reward_model.stage if reward_model else None)):
             if needed and needed not in selected and RunDir(run_dir).stage(needed).done() is None:
-                raise KitError(f"stage '{stage['name']}' starts from stage '{needed}' ({key}:), which has not "
+                raise KitError(f"stage '{stage.name}' starts from stage '{needed}' ({key}:), which has not "
                                f"finished in {run_dir}; run it too: --only {','.join([needed, *selected])} (or "
-                               f"--until {stage['name']})")
+                               f"--until {stage.name})")

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kitcli.recipe import stage_types
+from kitcli.recipe.schema import declared
 from kitcli.recipe.stage_context import StageContext
 from kitcli.run.findings import Finding
 
@@ -26,7 +26,7 @@ BOOKKEEPING = {"use_cpu", "bf16", "fp16", "optim", "output_dir", "seed", "data_s
 
 def unused_findings(ctx: StageContext, rows: list[dict[str, Any]], values: dict[str, Any]) -> list[Finding]:
     """Keys the trainer accepts but will not read in this configuration."""
-    train = ctx.stage.get("train") or {}
+    train = declared(ctx.stage, "train") or {}
     found = []
     vllm = sorted(key for key in train if key.startswith("vllm_"))
     if vllm and not values.get("use_vllm"):
@@ -56,7 +56,7 @@ def position_findings(ctx: StageContext, values: dict[str, Any], tokenizer) -> l
     positions = max_positions(tokenizer)
     if positions is None:
         return []
-    lengths = {"model.max_seq_length": ctx.model["max_seq_length"]}
+    lengths = {"model.max_seq_length": ctx.model.max_seq_length}
     for key in ("max_length", "max_completion_length"):
         if isinstance(values.get(key), int):
             lengths[f"train.{key}"] = values[key]
@@ -75,13 +75,12 @@ def kit_default_findings(ctx: StageContext) -> list[Finding]:
     from kitcli.recipe.config_fields import MISSING, config_fields
     from kitcli.training.trl_config import COMMON_DEFAULTS
 
-    spec = stage_types.spec(ctx.stage["type"])
-    config = getattr(spec.section, "config", None)
-    if not isinstance(config, str):
+    spec = ctx.spec
+    if spec.config is None:
         return []
-    fields = config_fields(config)
+    fields, config = config_fields(spec.config), spec.config_name
     kit = {**COMMON_DEFAULTS, **(spec.defaults(ctx, on_gpu=False) if spec.defaults is not None else {})}
-    train = ctx.stage.get("train") or {}
+    train = declared(ctx.stage, "train") or {}
     differ = [(key, value, fields[key].default) for key, value in kit.items()
               if key in fields and key not in train and key not in BOOKKEEPING
               and fields[key].default is not MISSING and fields[key].default != value]

@@ -20,8 +20,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from kitcli.recipe import stage_types
 from kitcli.recipe.load import Recipe
+from kitcli.recipe.schema import declared
 from kitcli.recipe.stage_context import StageContext
 from kitcli.run.check import resolved_values
 from kitcli.run.findings import Finding
@@ -30,7 +30,7 @@ from rewards.sample_scores import worked_solution_advice, worked_solution_column
 
 def starting_policy(ctx: StageContext) -> tuple[Path | None, str | None]:
     """(init directory or None for the base model, None) or (None, why it cannot be measured)."""
-    init = ctx.stage.get("init")
+    init = ctx.stage.init
     if not init:
         return None, None
     folder = ctx.run_dir / init
@@ -90,26 +90,27 @@ def stage_signal(ctx: StageContext, prompts: int, log) -> tuple[list[Finding], d
     from rewards.registry import load_rewards
 
     stage = ctx.name
-    rewards = load_rewards(ctx.stage.get("rewards") or [], ctx.recipe.base_dir, f"{ctx.where}: rewards")
+    rewards = load_rewards(ctx.stage.rewards, ctx.recipe.base_dir, f"{ctx.where}: rewards")
     if not rewards:
         return [Finding(stage, "reward signal", "info", "", "a reward model only: not measured")], None
     init_dir, why_not = starting_policy(ctx)
-    if ctx.stage.get("environment"):
+    if declared(ctx.stage, "environment"):
         why_not = "its environment: cannot run outside the trainer (TRL makes one instance per rollout)"
     if why_not:
         return [Finding(stage, "reward signal", "info", "", f"not measured: {why_not}")], None
     values = resolved_values(ctx)
-    spec = ctx.stage.get("filter") or {}
-    k = spec.get("k") or values["num_generations"]
-    names = [r["name"] if isinstance(r, dict) else r for r in ctx.stage.get("rewards") or []]
-    rule = pass_rule(rewards, spec, ctx.where, names, required=bool(ctx.stage.get("filter")))
-    rows = stage_types.spec(ctx.stage["type"]).rows(ctx)[:prompts]
+    spec = declared(ctx.stage, "filter")
+    k = spec.k if spec is not None else values["num_generations"]
+    names = [r.name for r in ctx.stage.rewards]
+    rule = pass_rule(rewards, spec, ctx.where, names, required=spec is not None)
+    rows = ctx.spec.rows(ctx)[:prompts]
     sampling, max_new_tokens = sampling_settings(values)
     loaded = load_stage_policy(ctx.model, lora=None, seed=ctx.seed, init_from=init_dir, trainable=False, log=log,
                                label="starting policy")
     groups = measure_groups(loaded.model, loaded.tokenizer, rows, rewards, rule, k=k, sampling=sampling,
                             max_new_tokens=max_new_tokens, seed=ctx.seed,
-                            toolbox=stage_toolbox(ctx, loaded.tokenizer, values))
+                            toolbox=stage_toolbox(ctx.stage, loaded.tokenizer, values, model_name=ctx.model.name,
+                                                  base_dir=ctx.recipe.base_dir, where=ctx.where))
     figures = summarize(groups)
     figures["pass"] = None if rule is None else rule.describe
     found = [Finding(stage, "reward signal", "ok", figures_text(figures), "most groups can teach")]
@@ -127,25 +128,25 @@ def stage_signal(ctx: StageContext, prompts: int, log) -> tuple[list[Finding], d
     for reward in rewards:
         found.append(reward_finding(stage, reward.name, figures["rewards"][reward.name], figures["prompts"] * k,
                                     worked_solution_hint(reward, figures["rewards"][reward.name], reference)))
-    if ctx.stage.get("filter"):
-        kept = keep_within(groups, spec["min_pass"], spec["max_pass"])
+    if spec is not None:
+        kept = keep_within(groups, spec.min_pass, spec.max_pass)
         record = filter_record(groups, kept, spec, rule.describe, "check")
         figures["filter"] = record
         after = (f"zero-variance groups {record['zero_variance_share_before']:.0%} -> "
                  f"{record.get('zero_variance_share_after', 0):.0%}" if kept else "nothing kept")
         found.append(Finding(stage, "filter", "ok" if kept else "warn",
                              f"keeps {len(kept)} of {len(groups)} ({record['kept_share']:.0%}); {after}",
-                             f"pass in [{spec['min_pass']:g}, {spec['max_pass']:g}], pass = {rule.describe}"))
+                             f"pass in [{spec.min_pass:g}, {spec.max_pass:g}], pass = {rule.describe}"))
     return found, figures
 
 
 def check_signal(recipe: Recipe, run_dir: Path, prompts: int, console) -> tuple[list[Finding], dict[str, Any]]:
     """Findings and figures of every RL stage that samples completions."""
-    outputs = {s["name"]: run_dir / s["name"] for s in recipe.stages}
+    outputs = {s.name: run_dir / s.name for s in recipe.stages}
     found: list[Finding] = []
     figures: dict[str, Any] = {}
     for stage in recipe.stages:
-        if not stage_types.spec(stage["type"]).groups:
+        if not stage.spec.groups:
             continue
         ctx = StageContext(recipe, stage, run_dir, console, outputs)
         console.print(f"kit check: sampling the starting policy of stage '{ctx.name}' ...", highlight=False,

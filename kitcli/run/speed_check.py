@@ -4,7 +4,7 @@ kitcli/recipe/unsloth_spec.py), as the stage's `unsloth:` keys set them. Read fr
 
 from __future__ import annotations
 
-from kitcli.recipe import stage_types
+from kitcli.recipe.schema import declared
 from kitcli.recipe.stage_context import StageContext
 from kitcli.run.findings import Finding
 from kitcli.training.unsloth_grpo import LABELS, SPEED_PATHS, VERIFY_TOLERANCE
@@ -12,16 +12,16 @@ from kitcli.training.unsloth_grpo import LABELS, SPEED_PATHS, VERIFY_TOLERANCE
 
 def speed_findings(ctx: StageContext) -> list[Finding]:
     """One row for a stage that has the `unsloth:` key (the types Unsloth's GRPO trainer trains), none otherwise."""
-    if "unsloth" not in stage_types.spec(ctx.stage["type"]).section.model_fields:
+    chosen = declared(ctx.stage, "unsloth")
+    if chosen is None:
         return []
-    chosen = ctx.stage.get("unsloth") or {}
-    on = [LABELS[path] for path in SPEED_PATHS if chosen.get(path, True)]
-    off = [LABELS[path] for path in SPEED_PATHS if not chosen.get(path, True)]
+    on = [LABELS[path] for path in SPEED_PATHS if getattr(chosen, path)]
+    off = [LABELS[path] for path in SPEED_PATHS if not getattr(chosen, path)]
     figures = ", ".join([*(f"{label} on" for label in on), *(f"{label} off" for label in off)])
     if not on:
         return [Finding(ctx.name, "exactness vs speed", "ok", figures, "log-probs from the padded forward, as TRL "
                                                                          "computes them (slower on a GPU)")]
-    keys = ", ".join(f"{path}: false" for path in SPEED_PATHS if chosen.get(path, True))
+    keys = ", ".join(f"{path}: false" for path in SPEED_PATHS if getattr(chosen, path))
     return [Finding(ctx.name, "exactness vs speed", "info", figures + " (Unsloth's GRPO trainer, on a GPU)",
                     f"{' and '.join(on)} trade exactness for speed: Unsloth keeps each after its own self-check, "
                     f"which allows up to {VERIFY_TOLERANCE:g} nats per token (packed rows against one row at a time, "

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kitcli.recipe import stage_types
 from kitcli.recipe.stage_context import StageContext
 from kitcli.run.findings import Finding, cut_finding
 
@@ -40,12 +39,12 @@ def tool_length_findings(ctx: StageContext, rows: list[dict[str, Any]], values: 
                          generation: dict[str, Any], schemas: list[dict[str, Any]]) -> list[Finding]:
     """An RL or eval stage with tools: prompt with schemas + room against max_seq_length, and a call + result +
     answer against max_completion_length (GRPO / GSPO) or the call against generation.max_new_tokens (eval)."""
-    stage, is_eval = ctx.name, stage_types.spec(ctx.stage["type"]).evaluates
+    stage, is_eval = ctx.name, ctx.spec.evaluates
     chats = [r for r in rows if isinstance(r.get("prompt"), list)]
     prompt_lengths = render.counts([render.prompt(r["prompt"], schemas) for r in chats])
     room = generation["max_new_tokens"] if is_eval else values.get("max_completion_length") or 0
     found = [cut_finding(stage, f"prompt with tool schemas + {room} new tokens", [n + room for n in prompt_lengths],
-                         ctx.model["max_seq_length"], "model.max_seq_length")]
+                         ctx.model.max_seq_length, "model.max_seq_length")]
     answered = [(r, n) for r, n in zip(chats, prompt_lengths) if isinstance(r.get("answer"), (str, int, float))]
     if not answered or not room:
         return found

@@ -49,14 +49,14 @@ from pydantic_core import PydanticCustomError
 from kitcli.data.rows import to_dataset
 from kitcli.errors import KitError, did_you_mean
 from kitcli.models.backend import cuda_available, load_stage_policy, save_model
-from kitcli.recipe import stage_types
 from kitcli.recipe.config_fields import AT_LEAST_ONE, FRACTION, NOT_NEGATIVE, POSITIVE, TRAINING_RANGES, Range
 from kitcli.recipe.schema import RESERVED_TRAIN, Section, TrainingSection, base_dir_of, fail, resolve_model_name
 from kitcli.recipe.stage_context import StageContext
 from kitcli.recipe.stage_spec import StageSpec
 from kitcli.stages.grpo import load_rows
+from kitcli.stages.steps import checkpoint_to_resume, plan_held_out
 from kitcli.training import trainers
-from kitcli.training.checkpoints import record_effective_settings, resume_checkpoint, train
+from kitcli.training.checkpoints import record_effective_settings, train
 from kitcli.training.held_out import attach_held_out, describe_held_out
 from kitcli.training.progress import attach_progress, read_metrics
 from kitcli.training.trl_config import build_config, config_dict, config_summary
@@ -126,15 +126,15 @@ def teacher_stage_type(ctx: StageContext) -> str:
     """The type of the earlier stage `teacher.stage` names; refused unless it is an earlier stage that trains a
     policy."""
     name = ctx.section.teacher.stage
-    names = [s["name"] for s in ctx.recipe.stages]
-    earlier = {s["name"]: s["type"] for s in ctx.recipe.stages[:names.index(ctx.name)]}
+    names = [s.name for s in ctx.recipe.stages]
+    earlier = {s.name: s.spec for s in ctx.recipe.stages[:names.index(ctx.name)]}
     if name not in earlier:
         raise KitError(f"{ctx.where}: teacher.stage '{name}' is not an earlier stage{did_you_mean(name, earlier)}; "
                        f"name a stage that runs before this one and trains a policy "
                        f"({', '.join(earlier) or 'there is none'})")
-    source = stage_types.spec(earlier[name])
+    source = earlier[name]
     if source.output != "policy":
-        policies = [n for n, t in earlier.items() if stage_types.is_policy(t)]
+        policies = [n for n, spec in earlier.items() if spec.output == "policy"]
         raise KitError(f"{ctx.where}: teacher.stage '{name}' is a stage of type {source.type}, whose output is "
                        f"{'no model' if source.output == 'none' else 'a ' + source.output}; the teacher is a policy: "
                        f"name an earlier policy stage ({', '.join(policies) or 'there is none'})")
@@ -144,13 +144,13 @@ def teacher_stage_type(ctx: StageContext) -> str:
 def teacher_name(ctx: StageContext) -> str:
     """The model the teacher is (or is an adapter on): for `kit plan`, messages and DONE."""
     spec = ctx.section.teacher
-    return spec.model if spec.model is not None else ctx.model["name"]
+    return spec.model if spec.model is not None else ctx.model.name
 
 
 def describe_teacher(ctx: StageContext) -> str:
     spec = ctx.section.teacher
     if spec.stage is not None:
-        return f"stage '{spec.stage}' ({teacher_stage_type(ctx)}: its adapter on {ctx.model['name']}), frozen"
+        return f"stage '{spec.stage}' ({teacher_stage_type(ctx)}: its adapter on {ctx.model.name}), frozen"
     return f"model {spec.model}, frozen"
 
 
@@ -173,16 +173,16 @@ def check_tokenizers(ctx: StageContext, student, teacher) -> None:
     if difference is not None:
         raise KitError(f"{ctx.where}: teacher: its tokenizer differs from the student's ({difference}); the "
                        f"divergence compares next-token distributions id by id, so the teacher must share the "
-                       f"student's vocabulary: name a teacher built on {ctx.model['name']}'s tokenizer")
+                       f"student's vocabulary: name a teacher built on {ctx.model.name}'s tokenizer")
 
 
 def preflight_tokenizers(ctx: StageContext) -> str:
     """The two tokenizers compared before any model loads, where both are on disk; what was checked, in words."""
     from kitcli.training.tool_use import preflight_tokenizer
 
-    if ctx.section.teacher.model is None or ctx.section.teacher.model == ctx.model["name"]:
+    if ctx.section.teacher.model is None or ctx.section.teacher.model == ctx.model.name:
         return "the student's own (the same base model)"
-    student, teacher = preflight_tokenizer(ctx.model["name"]), preflight_tokenizer(ctx.section.teacher.model)
+    student, teacher = preflight_tokenizer(ctx.model.name), preflight_tokenizer(ctx.section.teacher.model)
     if student is None or teacher is None:
         return "not on disk yet: compared when the teacher loads"
     check_tokenizers(ctx, student, teacher)
@@ -204,7 +204,8 @@ def teacher_dir(ctx: StageContext) -> Path | None:
 def load_teacher(ctx: StageContext, student):
     """The teacher, frozen, loaded as the student is (the recipe's model: settings) and checked against it."""
     source = teacher_dir(ctx)
-    model = ctx.model if ctx.section.teacher.model is None else {**ctx.model, "name": ctx.section.teacher.model}
+    model = ctx.model if ctx.section.teacher.model is None else \
+        ctx.model.model_copy(update={"name": ctx.section.teacher.model})
     loaded = load_stage_policy(model, lora=None, seed=ctx.seed, init_from=source, trainable=False, log=ctx.log,
                                label=f"{ctx.name} teacher")
     loaded.model.eval()
@@ -312,7 +313,7 @@ def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, A
 
 
 def make_config(ctx: StageContext):
-    return build_config(trainers.config_class("distill"), stage_defaults=stage_defaults(ctx),
+    return build_config(trainers.config_class(ctx.spec), stage_defaults=stage_defaults(ctx),
                         train=ctx.section.train, where=ctx.where, output_dir=ctx.dir.checkpoints, seed=ctx.seed,
                         on_gpu=cuda_available())
 
@@ -325,7 +326,7 @@ def describe(ctx: StageContext) -> dict[str, Any]:
     """What --dry-run prints: the teacher and its tokenizer checked, the prompts, the config; no model loads."""
     from kitcli.models.backend import choose_backend, prepare_backend
 
-    prepare_backend(choose_backend(ctx.model["backend"]))
+    prepare_backend(choose_backend(ctx.model.backend))
     teacher = describe_teacher(ctx)
     tokenizer = preflight_tokenizers(ctx)
     config = make_config(ctx)
@@ -333,7 +334,7 @@ def describe(ctx: StageContext) -> dict[str, Any]:
     return {"init": ctx.section.init or "base model", "teacher": teacher, "teacher tokenizer": tokenizer,
             "divergence": f"{divergence_name(config.beta)} at temperature {config.temperature:g}",
             "data": ctx.section.data.path, "rows": rows,
-            **config_summary(config, stage_defaults(ctx), ctx.section.train), **describe_held_out(ctx)}
+            **config_summary(config, stage_defaults(ctx), ctx.section.train), **describe_held_out(plan_held_out(ctx))}
 
 
 def build_trainer(ctx: StageContext, config=None):
@@ -341,12 +342,12 @@ def build_trainer(ctx: StageContext, config=None):
     config = config or make_config(ctx)
     rows = load_rows(ctx)
     teacher_dir(ctx)  # a teacher stage that has not finished is refused before anything loads
-    student = load_stage_policy(ctx.model, lora=ctx.recipe.data["lora"], seed=ctx.seed, init_from=ctx.init_dir,
+    student = load_stage_policy(ctx.model, lora=ctx.lora, seed=ctx.seed, init_from=ctx.init_dir,
                                 log=ctx.log)
     teacher = load_teacher(ctx, student)
     if not cuda_available():
         route_divergence_off_gpu()
-    trainer, _ = trainers.build_trainer("distill", student, args=config, teacher_model=teacher.model,
+    trainer, _ = trainers.build_trainer(ctx.spec, student, args=config, teacher_model=teacher.model,
                                         train_dataset=to_dataset(rows), processing_class=student.tokenizer,
                                         log=ctx.log, label=ctx.name, where=ctx.where)
     return trainer, student, teacher
@@ -355,11 +356,11 @@ def build_trainer(ctx: StageContext, config=None):
 def run(ctx: StageContext) -> dict[str, Any]:
     config = make_config(ctx)
     metrics_path = ctx.dir.metrics
-    resume = resume_checkpoint(ctx, metrics_path, config_dict(config))
+    resume = checkpoint_to_resume(ctx, config_dict(config))
     trainer, student, teacher = build_trainer(ctx, config)
-    record_effective_settings(ctx, trainer)
-    attach_progress(trainer, ctx.name, metrics_path, ctx.console)
-    held_out = attach_held_out(ctx, trainer)
+    record_effective_settings(ctx.dir, trainer)
+    attach_progress(trainer, ctx.name, metrics_path, ctx.console, spec=ctx.spec)
+    held_out = attach_held_out(trainer, plan_held_out(ctx), metrics_path, ctx.log)
     train(trainer, resume, ctx.where)
     save_model(student.model, student.tokenizer, ctx.stage_dir)
     rows = [row for row in read_metrics(metrics_path) if "loss" in row and "entropy" in row]

@@ -37,8 +37,9 @@ from kitcli.recipe.config_fields import Range, TypeSpec, union
 from kitcli.recipe.stage_context import StageContext
 from kitcli.recipe.stage_spec import StageSpec
 from kitcli.stages.pairs import PreferenceSection, describe_data, final_evaluation, has_eval, train_eval_rows
+from kitcli.stages.steps import checkpoint_to_resume, plan_held_out
 from kitcli.training import trainers
-from kitcli.training.checkpoints import record_effective_settings, resume_checkpoint, train
+from kitcli.training.checkpoints import record_effective_settings, train
 from kitcli.training.held_out import attach_held_out, describe_held_out
 from kitcli.training.progress import attach_progress, read_metrics
 from kitcli.training.trl_config import build_config, config_dict, config_summary
@@ -79,7 +80,7 @@ def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, A
         "f_divergence_type": "reverse_kl",
         "ld_alpha": None,
         "use_weighting": False,
-        "max_length": ctx.model["max_seq_length"],
+        "max_length": ctx.model.max_seq_length,
         "truncation_mode": "keep_start",
         "padding_free": False,
         "precompute_ref_log_probs": several_passes(ctx.section.train),
@@ -95,11 +96,11 @@ def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, A
 
 
 def make_config(ctx: StageContext):
-    config = build_config(trainers.config_class("dpo"), stage_defaults=stage_defaults(ctx),
+    config = build_config(trainers.config_class(ctx.spec), stage_defaults=stage_defaults(ctx),
                           train=ctx.section.train,
                           where=ctx.where, output_dir=ctx.dir.checkpoints, seed=ctx.seed,
                           on_gpu=cuda_available())
-    if config.sync_ref_model and ctx.recipe.data["lora"] is not None:
+    if config.sync_ref_model and ctx.lora is not None:
         raise KitError(f"{ctx.where}: train.sync_ref_model does not work with LoRA (the reference is a frozen "
                        f"adapter, not a model to sync); remove it, or use lora: false")
     return config
@@ -108,12 +109,12 @@ def make_config(ctx: StageContext):
 def describe(ctx: StageContext) -> dict[str, Any]:
     from kitcli.models.backend import choose_backend, prepare_backend
 
-    prepare_backend(choose_backend(ctx.model["backend"]))
+    prepare_backend(choose_backend(ctx.model.backend))
     config = make_config(ctx)
     return {"init": ctx.section.init or "base model",
             "reference": f"frozen copy of the starting policy ({ctx.section.init or 'base model'})",
             **describe_data(ctx),
-            **config_summary(config, stage_defaults(ctx), ctx.section.train), **describe_held_out(ctx)}
+            **config_summary(config, stage_defaults(ctx), ctx.section.train), **describe_held_out(plan_held_out(ctx))}
 
 
 def build_trainer(ctx: StageContext, config=None):
@@ -121,7 +122,7 @@ def build_trainer(ctx: StageContext, config=None):
     system, path = ctx.section.system_prompt, ctx.section.data.path
     train_rows, eval_rows = (apply_system_prompt(rows, system, ctx.where, path) for rows in train_eval_rows(ctx))
     config = config or make_config(ctx)
-    loaded = load_stage_policy(ctx.model, lora=ctx.recipe.data["lora"], seed=ctx.seed, init_from=ctx.init_dir,
+    loaded = load_stage_policy(ctx.model, lora=ctx.lora, seed=ctx.seed, init_from=ctx.init_dir,
                                log=ctx.log)
     trainer, reference = trainers.build_trainer(
         "dpo", loaded, args=config, reference=True, ref_model=None, train_dataset=to_dataset(train_rows),
@@ -133,11 +134,11 @@ def build_trainer(ctx: StageContext, config=None):
 def run(ctx: StageContext) -> dict[str, Any]:
     config = make_config(ctx)
     metrics_path = ctx.dir.metrics
-    resume = resume_checkpoint(ctx, metrics_path, config_dict(config))
+    resume = checkpoint_to_resume(ctx, config_dict(config))
     trainer, loaded, reference = build_trainer(ctx, config)
-    record_effective_settings(ctx, trainer)
-    attach_progress(trainer, ctx.name, metrics_path, ctx.console)
-    held_out = attach_held_out(ctx, trainer)
+    record_effective_settings(ctx.dir, trainer)
+    attach_progress(trainer, ctx.name, metrics_path, ctx.console, spec=ctx.spec)
+    held_out = attach_held_out(trainer, plan_held_out(ctx), metrics_path, ctx.log)
     train(trainer, resume, ctx.where)
     evaluated = final_evaluation(trainer, metrics_path) if trainer.eval_dataset is not None else {}
     if is_peft_model(loaded.model) and trainers.REFERENCE_ADAPTER in loaded.model.peft_config:

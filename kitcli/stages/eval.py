@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_serializer, model_validator
 
 from kitcli.data.rows import apply_system_prompt, read_rows
 from kitcli.errors import KitError
@@ -117,6 +117,12 @@ class EvalSection(StageSection):
             raise fail(f"{given[0]}: does not apply to an eval stage with {kind} ({only[given[0]]}); remove it")
         return self
 
+    @model_serializer(mode="wrap")
+    def applicable(self, handler):
+        """The keys of its form only (data: or tasks:): the lock's dump reads back as this same section."""
+        only = BENCHMARK_KEYS if self.data is not None else DATA_KEYS
+        return {key: value for key, value in handler(self).items() if key not in only}
+
 
 BENCHMARK_KEYS = {"include_path": "it is where lm-eval finds local tasks", "num_fewshot": "lm-eval's setting",
                   "limit": "with data: use data.limit", "batch_size": "with data: use generation.batch_size",
@@ -146,7 +152,8 @@ def include_dirs(paths: list[str], base_dir, error=fail) -> tuple[str, ...]:
 
 
 def generation_settings(ctx: StageContext) -> dict[str, Any]:
-    return check_generation(ctx.stage.get("generation"), ctx.where)
+    given = ctx.stage.generation
+    return check_generation(given.model_dump() if given is not None else None, ctx.where)
 
 
 def load_rows(ctx: StageContext, rewards) -> list[dict[str, Any]]:
@@ -164,7 +171,7 @@ def benchmark_settings(ctx: StageContext):
                                                        ctx.recipe.base_dir, lambda m: KitError(f"{ctx.where}: {m}")),
                              limit=section.limit, num_fewshot=section.num_fewshot, batch_size=section.batch_size,
                              apply_chat_template=section.apply_chat_template,
-                             max_length=ctx.model["max_seq_length"])
+                             max_length=ctx.model.max_seq_length)
 
 
 def run_tasks(ctx: StageContext) -> dict[str, Any]:
@@ -198,18 +205,19 @@ def describe(ctx: StageContext) -> dict[str, Any]:
         load_tasks(settings, ctx.where)
         return {"init": ctx.section.init or "base model", "lm_eval": settings.record()}
     settings = generation_settings(ctx)
-    rewards = load_eval_rewards(ctx.stage.get("rewards"), ctx.recipe.base_dir, ctx.where, ctx.run_dir)
+    rewards = load_eval_rewards(ctx.stage.rewards, ctx.recipe.base_dir, ctx.where, ctx.run_dir)
     rows = load_rows(ctx, rewards)
     return {"init": ctx.section.init or "base model", "data": ctx.section.data.path, "rows": len(rows),
             "rewards": [f"{r.name} (weight {r.weight:g}, {r.source})" for r in rewards],
-            "exact_match": "answer" in rows[0], "generation": settings, **describe_tools(ctx)}
+            "exact_match": "answer" in rows[0], "generation": settings,
+            **describe_tools(ctx.stage, ctx.model, ctx.recipe.base_dir, ctx.where)}
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
     if ctx.section.tasks is not None:
         return run_tasks(ctx)
     settings = generation_settings(ctx)
-    rewards = load_eval_rewards(ctx.stage.get("rewards"), ctx.recipe.base_dir, ctx.where, ctx.run_dir)
+    rewards = load_eval_rewards(ctx.stage.rewards, ctx.recipe.base_dir, ctx.where, ctx.run_dir)
     rows = load_rows(ctx, rewards)
     loaded = load_stage_policy(ctx.model, lora=None, seed=ctx.seed, init_from=ctx.init_dir, trainable=False,
                                log=ctx.log, label="evaluated model")
@@ -218,7 +226,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
     if ctx.section.tools:  # the same rows again, greedy, with the tools (kitcli/training/tool_use.py)
         from kitcli.training.tool_use import evaluate_with_tools
 
-        summary.update(evaluate_with_tools(ctx, loaded.model, loaded.tokenizer, rows, records, settings))
+        summary.update(evaluate_with_tools(ctx.stage, loaded.model, loaded.tokenizer, rows, records, settings,
+                                           model_name=ctx.model.name, base_dir=ctx.recipe.base_dir, where=ctx.where))
         summary["headline"] += "; " + summary.pop("headline_tools")
     write_samples(ctx.dir.samples, records)
     ctx.log(f"{ctx.name}: {summary['headline']}")

@@ -45,7 +45,7 @@ Variational Sequence-Level Soft Policy Optimization (arXiv 2602.10693). TRL's GR
 what its generated trainer changes and the kit corrects is in kitcli/training/unsloth_grpo.py.
 
 The shared pieces below (defaults, group sizes, generation batches, rewards, the trainer) also build RLOO stages
-(`kitcli/stages/rloo.py`, trainer kind "rloo"): they keep only the fields the kind's config has.
+(`kitcli/stages/rloo.py`, whose StageSpec names RLOOTrainer): they keep only the fields the stage's config has.
 """
 
 from __future__ import annotations
@@ -59,18 +59,19 @@ from kitcli.data.rows import read_rows, to_dataset, with_system_prompt
 from kitcli.errors import KitError
 from kitcli.models.backend import cuda_available, load_stage_policy, save_model
 from kitcli.recipe.config_fields import AT_LEAST_ONE, FRACTION, NOT_NEGATIVE, POSITIVE, TRAINING_RANGES, Range
-from kitcli.recipe.schema import RESERVED_TRAIN
+from kitcli.recipe.schema import RESERVED_TRAIN, declared
 from kitcli.recipe.stage_context import StageContext
 from kitcli.recipe.stage_spec import StageSpec
 from kitcli.recipe.unsloth_spec import UnslothSpec, unsloth_field
 from kitcli.stages.generation_batches import check_group_sizes, check_save_steps, generation_cycle
+from kitcli.stages.steps import checkpoint_to_resume, plan_held_out
 from kitcli.training import unsloth_grpo
-from kitcli.training.checkpoints import record_effective_settings, resume_checkpoint, train
-from kitcli.training.filtering import filter_prompts, filter_summary
+from kitcli.training.checkpoints import record_effective_settings, train
+from kitcli.training.filtering import filter_dir, filter_summary, run_filter
 from kitcli.training.held_out import attach_held_out, describe_held_out
 from kitcli.training.progress import attach_progress, make_reward_metrics_callback, read_metrics, reward_summary
-from kitcli.training.tool_use import ToolsSection, describe_tools, tool_defaults, tool_kwargs
-from kitcli.training.trainers import trainer_summary
+from kitcli.training.tool_use import ToolsSection, describe_tools, stage_toolbox, tool_defaults, tool_kwargs
+from kitcli.training.trainers import is_grpo_trainer, trainer_summary
 from kitcli.training.trl_config import COMMON_DEFAULTS, build_config, config_dict, config_summary
 from rewards.registry import check_data
 
@@ -167,16 +168,14 @@ def variant_name(ctx: StageContext) -> str:
     return ctx.section.variant or DEFAULT_VARIANT
 
 
-def stage_defaults(ctx: StageContext, preset: dict[str, Any], on_gpu: bool | None = None,
-                   kind: str = "grpo") -> dict[str, Any]:
+def stage_defaults(ctx: StageContext, preset: dict[str, Any], on_gpu: bool | None = None) -> dict[str, Any]:
     """base < preset, then the generation batch: `steps_per_generation` unless `train:` sizes it by
-    `generation_batch_size` (TRL takes one or the other). Only the fields the trainer kind's config has (an RLOO
-    stage has no GRPO-only fields)."""
-    from kitcli.recipe import stage_types
+    `generation_batch_size` (TRL takes one or the other). Only the fields the stage's config has (an RLOO stage has
+    no GRPO-only fields)."""
     from kitcli.recipe.config_fields import config_fields
 
     train = ctx.section.train
-    known = config_fields(stage_types.spec(kind).config_name)
+    known = config_fields(ctx.spec.config)
     defaults = {k: v for k, v in {**base_defaults(ctx, on_gpu), **preset}.items() if k in known}
     if "generation_batch_size" in train:
         defaults.pop("steps_per_generation", None)
@@ -206,7 +205,7 @@ def reward_model_weight(ctx: StageContext) -> float:
 def load_reward_functions(ctx: StageContext):
     from rewards.registry import load_rewards
 
-    return load_rewards(ctx.stage.get("rewards") or [], ctx.recipe.base_dir, f"{ctx.where}: rewards")
+    return load_rewards(ctx.stage.rewards, ctx.recipe.base_dir, f"{ctx.where}: rewards")
 
 
 def reward_weights(ctx: StageContext, rewards) -> list[float]:
@@ -244,7 +243,7 @@ def check_loss_settings(values: dict[str, Any], where: str) -> None:
                        f"{values.get('importance_sampling_level')!r}; use a stage of type gspo with variant: luspo")
 
 
-def resolved_defaults(ctx: StageContext, preset: dict[str, Any], rewards, kind: str = "grpo") -> dict[str, Any]:
+def resolved_defaults(ctx: StageContext, preset: dict[str, Any], rewards) -> dict[str, Any]:
     train = ctx.section.train
     if "reward_weights" in train:
         raise KitError(f"{ctx.where}: train.reward_weights is set by the kit from each reward's weight:; "
@@ -256,9 +255,9 @@ def resolved_defaults(ctx: StageContext, preset: dict[str, Any], rewards, kind: 
             raise KitError(f"{ctx.where}: train.use_vllm needs a CUDA GPU and vLLM (pip install vllm, then run "
                            f"`trl vllm-serve` for vllm_mode: server); without it, remove use_vllm (the kit "
                            f"generates with transformers)")
-    defaults = stage_defaults(ctx, preset, kind=kind)
+    defaults = stage_defaults(ctx, preset)
     defaults["reward_weights"] = reward_weights(ctx, rewards)
-    defaults.update(tool_defaults(ctx))  # tools: max_tool_calling_iterations
+    defaults.update(tool_defaults(ctx.stage, ctx.where))  # tools: max_tool_calling_iterations
     values = {**COMMON_DEFAULTS, **defaults, **train}
     check_loss_settings(values, ctx.where)
     check_group_sizes(values, ctx.where)
@@ -269,10 +268,10 @@ def resolved_defaults(ctx: StageContext, preset: dict[str, Any], rewards, kind: 
     return defaults
 
 
-def make_config(ctx: StageContext, defaults: dict[str, Any], kind: str = "grpo"):
+def make_config(ctx: StageContext, defaults: dict[str, Any]):
     from kitcli.training.trainers import config_class
 
-    return build_config(config_class(kind), stage_defaults=defaults, train=ctx.section.train,
+    return build_config(config_class(ctx.spec), stage_defaults=defaults, train=ctx.section.train,
                         where=ctx.where,
                         output_dir=ctx.dir.checkpoints, seed=ctx.seed, on_gpu=cuda_available())
 
@@ -287,20 +286,19 @@ def check_enough_prompts(ctx: StageContext, rows: int, config) -> None:
                        f"give more prompts, or lower per_device_train_batch_size")
 
 
-def describe_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any],
-                   kind: str = "grpo") -> dict[str, Any]:
+def describe_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     """Validate data, references and rewards and build the trainer's config, without loading a model."""
     from kitcli.models.backend import choose_backend, prepare_backend
 
-    prepare_backend(choose_backend(ctx.model["backend"]))
+    prepare_backend(choose_backend(ctx.model.backend))
     spec = ctx.section.data
     rewards = load_reward_functions(ctx)
     rows: Any = (len(load_rows(ctx, rewards)) if Path(spec.path).is_file()
                  else "hub dataset, read when the stage runs")
-    defaults = resolved_defaults(ctx, preset, rewards, kind)
-    config = make_config(ctx, defaults, kind)
-    if kind == "grpo":  # Unsloth's GRPO trainer: a pad token it cannot repair; `unsloth:` keys that do nothing here
-        unsloth_grpo.preflight(ctx.model, ctx.stage.get("unsloth"), ctx.where, ctx.log)
+    defaults = resolved_defaults(ctx, preset, rewards)
+    config = make_config(ctx, defaults)
+    if is_grpo_trainer(ctx.spec):  # Unsloth's GRPO trainer: an unrepairable pad token; `unsloth:` keys doing nothing
+        unsloth_grpo.preflight(ctx.model, declared(ctx.stage, "unsloth"), ctx.where, ctx.log)
     if isinstance(rows, int):
         check_enough_prompts(ctx, rows, config)
     listed = [f"{r.name} (weight {r.weight:g}, {r.source})" for r in rewards]
@@ -309,8 +307,9 @@ def describe_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, A
         source = f"of stage '{stage}'" if stage else ctx.section.reward_model.path
         listed.append(f"reward model {source} (weight {reward_model_weight(ctx):g})")
     return {"init": ctx.section.init or "base model", **extra, "data": spec.path, "rows": rows,
-            "rewards": listed, **describe_tools(ctx), **config_summary(config, defaults, ctx.section.train),
-            **describe_held_out(ctx)}
+            "rewards": listed, **describe_tools(ctx.stage, ctx.model, ctx.recipe.base_dir, ctx.where),
+            **config_summary(config, defaults, ctx.section.train),
+            **describe_held_out(plan_held_out(ctx))}
 
 
 def describe(ctx: StageContext) -> dict[str, Any]:
@@ -327,24 +326,40 @@ def load_reward_scorer(ctx: StageContext):
     path = ctx.output(stage).merged if stage else Path(ctx.section.reward_model.path)
     if not (path / "config.json").exists():
         raise KitError(f"{ctx.where}: reward stage '{stage}' left no merged model in {path}; re-run it with --force")
-    model, tokenizer = load_seq_cls_scorer(path, dtype=ctx.model["dtype"], log=ctx.log)
+    model, tokenizer = load_seq_cls_scorer(path, dtype=ctx.model.dtype, log=ctx.log)
     model.config._name_or_path = reward_model_name(ctx)  # TRL logs a reward model as rewards/<name_or_path>/mean
     return model, tokenizer
 
 
-def build_trainer(ctx: StageContext, preset: dict[str, Any], config=None, kind: str = "grpo"):
-    """Load the policy, the rewards and the data, and build the GRPOTrainer (or, for kind "rloo", RLOOTrainer) the
-    stage trains with. Returns (trainer, loaded policy, config)."""
+def filtered_rows(ctx: StageContext, rows: list[dict[str, Any]], rewards, loaded, config) -> list[dict[str, Any]]:
+    """The rows after the stage's `filter:` (kitcli/training/filtering.py), or as they are without one."""
+    if ctx.stage.filter is None:
+        return rows
+    toolbox = stage_toolbox(ctx.stage, loaded.tokenizer, config, model_name=ctx.model.name,
+                            base_dir=ctx.recipe.base_dir, where=ctx.where)
+    kept, _ = run_filter(model=loaded.model, tokenizer=loaded.tokenizer, rows=rows, rewards=rewards, stage=ctx.stage,
+                         model_name=ctx.model.name, init_dir=ctx.init_dir, values=config, seed=ctx.seed,
+                         where=ctx.where, cache_dir=filter_dir(ctx.stage_dir),
+                         needed=config.generation_batch_size // config.num_generations, log=ctx.log, toolbox=toolbox)
+    return kept
+
+
+def build_trainer(ctx: StageContext, preset: dict[str, Any], config=None, kind: str | None = None):
+    """Load the policy, the rewards and the data, and build the trainer the stage's StageSpec names (GRPOTrainer, or
+    RLOOTrainer for an rloo stage; `kind`, when given, must be the stage's type). Returns (trainer, loaded policy,
+    config)."""
     from kitcli.training.trainers import build_trainer as build
     from rewards.guard import RewardStats, guard_rewards
 
+    if kind is not None and kind != ctx.stage.type:
+        raise KitError(f"{ctx.where}: a {ctx.stage.type} stage builds its own type's trainer, not {kind}'s")
     rewards = load_reward_functions(ctx)
     rows = load_rows(ctx, rewards)
-    config = config or make_config(ctx, resolved_defaults(ctx, preset, rewards, kind), kind)
+    config = config or make_config(ctx, resolved_defaults(ctx, preset, rewards))
     check_enough_prompts(ctx, len(rows), config)
-    loaded = load_stage_policy(ctx.model, lora=ctx.recipe.data["lora"], seed=ctx.seed, init_from=ctx.init_dir,
+    loaded = load_stage_policy(ctx.model, lora=ctx.lora, seed=ctx.seed, init_from=ctx.init_dir,
                                log=ctx.log)
-    rows = filter_prompts(ctx, rows, rewards, loaded, config)  # `filter:`: the prompts the starting policy can learn
+    rows = filtered_rows(ctx, rows, rewards, loaded, config)  # `filter:`: the prompts the starting policy can learn
     stats = RewardStats()
     reward_funcs: list[Any] = guard_rewards(rewards, stats)
     processing: list[Any] = [None] * len(reward_funcs)
@@ -352,23 +367,23 @@ def build_trainer(ctx: StageContext, preset: dict[str, Any], config=None, kind: 
         model, tokenizer = load_reward_scorer(ctx)
         reward_funcs.append(model)
         processing.append(tokenizer)
-    trainer, _ = build(kind, loaded, args=config, reference=config.beta != 0.0, reward_funcs=reward_funcs,
+    trainer, _ = build(ctx.spec, loaded, args=config, reference=config.beta != 0.0, reward_funcs=reward_funcs,
                        train_dataset=to_dataset(rows), processing_class=loaded.tokenizer,
                        reward_processing_classes=processing, log=ctx.log, label=ctx.name, where=ctx.where,
-                       unsloth=ctx.stage.get("unsloth"), **tool_kwargs(ctx, loaded.tokenizer))
+                       unsloth=declared(ctx.stage, "unsloth"),
+                       **tool_kwargs(ctx.stage, loaded.tokenizer, ctx.model.name, ctx.recipe.base_dir, ctx.where))
     trainer.add_callback(make_reward_metrics_callback(stats))
     return trainer, loaded, config
 
 
-def train_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any],
-                kind: str = "grpo") -> dict[str, Any]:
-    config = make_config(ctx, resolved_defaults(ctx, preset, load_reward_functions(ctx), kind), kind)
+def train_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    config = make_config(ctx, resolved_defaults(ctx, preset, load_reward_functions(ctx)))
     metrics_path = ctx.dir.metrics
-    resume = resume_checkpoint(ctx, metrics_path, config_dict(config))
-    trainer, loaded, config = build_trainer(ctx, preset, config, kind)
-    record_effective_settings(ctx, trainer)
-    attach_progress(trainer, ctx.name, metrics_path, ctx.console)
-    held_out = attach_held_out(ctx, trainer)
+    resume = checkpoint_to_resume(ctx, config_dict(config))
+    trainer, loaded, config = build_trainer(ctx, preset, config)
+    record_effective_settings(ctx.dir, trainer)
+    attach_progress(trainer, ctx.name, metrics_path, ctx.console, spec=ctx.spec)
+    held_out = attach_held_out(trainer, plan_held_out(ctx), metrics_path, ctx.log)
     try:
         train(trainer, resume, ctx.where, stop_every=generation_cycle(vars(config)))
     except KitError as error:  # a reward failed: say which stage, keep the checkpoints
@@ -377,7 +392,7 @@ def train_stage(ctx: StageContext, preset: dict[str, Any], extra: dict[str, Any]
     if "ref" in getattr(model, "peft_config", {}):
         model.delete_adapter("ref")  # TRL's frozen copy of the starting adapter; not part of the result
     save_model(model, loaded.tokenizer, ctx.stage_dir)
-    return held_out.summarize({**extra, **trainer_summary(trainer), **filter_summary(ctx),
+    return held_out.summarize({**extra, **trainer_summary(trainer), **filter_summary(ctx.stage_dir, ctx.stage.filter),
                                "steps": trainer.state.global_step, "resumed_from": resume.name if resume else None,
                                "backend": loaded.backend, **reward_summary(read_metrics(metrics_path))})
 

@@ -101,7 +101,7 @@ def preference_rows(ctx: StageContext, key: str = "data") -> list[dict[str, Any]
 
 def eval_fraction(ctx: StageContext) -> float:
     fraction = ctx.section.eval_fraction if ctx.section.eval_fraction is not None else DEFAULT_EVAL_FRACTION
-    if ctx.section.eval_data is not None and "eval_fraction" in ctx.section.model_fields_set:
+    if ctx.section.eval_data is not None and ctx.section.eval_fraction is not None:
         raise KitError(f"{ctx.where}: give eval_data or eval_fraction, not both")
     if ctx.section.eval_data is not None:
         return 0.0

@@ -34,8 +34,8 @@ from kitcli.recipe.config_fields import AT_LEAST_ONE, FRACTION, NOT_NEGATIVE, PO
 from kitcli.recipe.schema import DataSpec, RewardedSection, fail
 from kitcli.recipe.stage_context import StageContext
 from kitcli.recipe.stage_spec import StageSpec
+from kitcli.stages.steps import checkpoint_to_resume, plan_held_out
 from kitcli.training import interrupt
-from kitcli.training.checkpoints import resume_checkpoint
 from kitcli.training.held_out import HeldOut, describe_held_out, held_out_evaluator
 from kitcli.training.progress import read_metrics
 from kitcli.training.trl_config import build_config
@@ -48,7 +48,7 @@ def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, A
 def make_config(ctx: StageContext) -> PPOConfig:
     config = build_config(PPOConfig, stage_defaults=ppo_defaults(), train=ctx.section.train,
                           where=ctx.where, output_dir=ctx.dir.checkpoints, seed=ctx.seed, on_gpu=cuda_available())
-    limit = ctx.model["max_seq_length"]
+    limit = ctx.model.max_seq_length
     if config.response_length >= limit:
         raise KitError(f"{ctx.where}: train.response_length {config.response_length} does not fit "
                        f"model.max_seq_length {limit} (it holds the prompt and the response); lower "
@@ -72,7 +72,7 @@ def reward_source(ctx: StageContext):
 def load_reward_functions(ctx: StageContext):
     from rewards.registry import load_rewards
 
-    return load_rewards(ctx.stage.get("rewards") or [], ctx.recipe.base_dir, f"{ctx.where}: rewards")
+    return load_rewards(ctx.stage.rewards, ctx.recipe.base_dir, f"{ctx.where}: rewards")
 
 
 def load_rows(ctx: StageContext, key: str = "data") -> list[dict[str, Any]]:
@@ -101,7 +101,7 @@ def check_rows(ctx: StageContext, rewards, rows: list[dict[str, Any]], config: P
 def load_models(ctx: StageContext):
     from kitcli.ppo.models import setup_models
 
-    return setup_models(ctx.model, ctx.recipe.data["lora"], seed=ctx.seed, init_dir=ctx.init_dir,
+    return setup_models(ctx.model, ctx.lora, seed=ctx.seed, init_dir=ctx.init_dir,
                         init_name=ctx.section.init, reward=reward_source(ctx), where=ctx.where, log=ctx.log)
 
 
@@ -112,7 +112,7 @@ def train(ctx: StageContext, config: PPOConfig, models, rows, reward_fns, reward
 
     if resume is None:
         ctx.dir.metrics.unlink(missing_ok=True)
-    dashboard = StageDashboard(ctx.name, ctx.dir.metrics, ctx.console, stage_type="ppo")
+    dashboard = StageDashboard(ctx.name, ctx.dir.metrics, ctx.console, spec=ctx.spec)
     return trainer.train(config, models, rows, reward_fns, rewards, dashboard=dashboard,
                          checkpoint_dir=ctx.dir.checkpoints, eval_rows=eval_rows, resume=resume, held_out=held_out)
 
@@ -120,7 +120,7 @@ def train(ctx: StageContext, config: PPOConfig, models, rows, reward_fns, reward
 def describe(ctx: StageContext) -> dict[str, Any]:
     from kitcli.models.backend import choose_backend, prepare_backend
 
-    prepare_backend(choose_backend(ctx.model["backend"]))
+    prepare_backend(choose_backend(ctx.model.backend))
     rewards = load_reward_functions(ctx)
     config = make_config(ctx)
     local = Path(ctx.section.data.path).is_file()
@@ -133,7 +133,7 @@ def describe(ctx: StageContext) -> dict[str, Any]:
         check_rows(ctx, rewards, load_rows(ctx, "eval_data"), config, "eval_data")
     source = reward_source(ctx)
     if source is not None and source.path is not None and local:
-        policy_dir = Path(resolve_model_path(ctx.model["name"], ctx.seed))
+        policy_dir = Path(resolve_model_path(ctx.model.name, ctx.seed))
         if policy_dir.is_dir():
             from transformers import AutoTokenizer
 
@@ -147,7 +147,7 @@ def describe(ctx: StageContext) -> dict[str, Any]:
         listed.append(f"reward model {source.name} (weight {source.weight:g})")
     return {"init": ctx.section.init or "base model", "data": ctx.section.data.path, "rows": rows,
             "eval_data": ctx.section.eval_data.path if ctx.section.eval_data is not None else None,
-            "rewards": listed, "PPOConfig": dataclasses.asdict(config), **describe_held_out(ctx)}
+            "rewards": listed, "PPOConfig": dataclasses.asdict(config), **describe_held_out(plan_held_out(ctx))}
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
@@ -163,16 +163,16 @@ def run(ctx: StageContext) -> dict[str, Any]:
     eval_rows = load_rows(ctx, "eval_data") if ctx.section.eval_data is not None else None
     if eval_rows:
         check_rows(ctx, rewards, eval_rows, config, "eval_data")
-    resume = resume_checkpoint(ctx, ctx.dir.metrics, dataclasses.asdict(config))
+    resume = checkpoint_to_resume(ctx, dataclasses.asdict(config))
     models = load_models(ctx)
     if models.reward_model is not None:
         check_reward_tokenizer(models.tokenizer, models.reward_model.tokenizer, isinstance(rows[0]["prompt"], list),
                                f"'{models.reward_model.name}'", ctx.where)
     for key, checked in (("data", rows), ("eval_data", eval_rows)):
         if checked:
-            check_prompt_lengths(models.tokenizer, checked, config, ctx.model["max_seq_length"], ctx.where,
+            check_prompt_lengths(models.tokenizer, checked, config, ctx.model.max_seq_length, ctx.where,
                                  getattr(ctx.section, key).path)
-    held_out = held_out_evaluator(ctx)  # `eval:`: scored at step 0, every `every` steps and the last
+    held_out = held_out_evaluator(plan_held_out(ctx), ctx.dir.metrics, ctx.log)  # `eval:`: step 0, every N, last
     result = train(ctx, config, models, rows, guard_rewards(rewards, RewardStats()), rewards, eval_rows, resume,
                    held_out)
     if interrupt.requested():

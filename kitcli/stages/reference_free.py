@@ -28,8 +28,9 @@ from kitcli.stages.pairs import (
     preference_rows,
     train_eval_rows,
 )
+from kitcli.stages.steps import checkpoint_to_resume, plan_held_out
 from kitcli.training import trainers
-from kitcli.training.checkpoints import record_effective_settings, resume_checkpoint, train
+from kitcli.training.checkpoints import record_effective_settings, train
 from kitcli.training.held_out import attach_held_out, describe_held_out
 from kitcli.training.progress import attach_progress, read_metrics
 from kitcli.training.trl_config import build_config, config_dict, config_summary
@@ -93,7 +94,7 @@ def common_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, 
     evaluating = has_eval(ctx)
     return {
         "learning_rate": 5e-6,
-        "max_length": ctx.model["max_seq_length"],
+        "max_length": ctx.model.max_seq_length,
         "max_completion_length": None,
         "disable_dropout": True,
         "generate_during_eval": False,
@@ -106,7 +107,7 @@ def common_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, 
 
 def make_config(ctx: StageContext, defaults: dict[str, Any]):
     """The stage's trainer config: its type's config class from the kit's, the stage's and `train:` settings."""
-    return build_config(trainers.config_class(ctx.section.type), stage_defaults=defaults, train=ctx.section.train,
+    return build_config(trainers.config_class(ctx.spec), stage_defaults=defaults, train=ctx.section.train,
                         where=ctx.where, output_dir=ctx.dir.checkpoints, seed=ctx.seed, on_gpu=cuda_available())
 
 
@@ -114,21 +115,21 @@ def describe(ctx: StageContext, defaults: dict[str, Any]) -> dict[str, Any]:
     """What --dry-run prints: the pairs checked row by row (a local file), the config, the held-out evaluation."""
     from kitcli.models.backend import choose_backend, prepare_backend
 
-    prepare_backend(choose_backend(ctx.model["backend"]))
+    prepare_backend(choose_backend(ctx.model.backend))
     config = make_config(ctx, defaults)
     if on_disk(ctx.section.data):
         checked_rows(ctx)
     return {"init": ctx.section.init or "base model", "reference": "none (reference-free)", **describe_data(ctx),
-            **config_summary(config, defaults, ctx.section.train), **describe_held_out(ctx)}
+            **config_summary(config, defaults, ctx.section.train), **describe_held_out(plan_held_out(ctx))}
 
 
 def build_trainer(stage_type: str, ctx: StageContext, config):
     """The stage's trainer around its loaded policy (no reference: none is made or checked)."""
     train_rows, eval_rows = checked_rows(ctx)
-    loaded = load_stage_policy(ctx.model, lora=ctx.recipe.data["lora"], seed=ctx.seed, init_from=ctx.init_dir,
+    loaded = load_stage_policy(ctx.model, lora=ctx.lora, seed=ctx.seed, init_from=ctx.init_dir,
                                log=ctx.log)
     trainer, _ = trainers.build_trainer(
-        stage_type, loaded, args=config, train_dataset=to_dataset(train_rows),
+        ctx.spec, loaded, args=config, train_dataset=to_dataset(train_rows),
         eval_dataset=to_dataset(eval_rows) if eval_rows else None, processing_class=loaded.tokenizer,
         log=ctx.log, label=ctx.name, where=ctx.where)
     if getattr(trainer, "ref_model", None) is not None:
@@ -141,11 +142,11 @@ def run(stage_type: str, ctx: StageContext, config, tracked: tuple[str, ...], ob
     """Train, evaluate on the held-out pairs, save the adapter; the DONE summary (`objective`: the stage's own
     settings, e.g. beta and simpo_gamma)."""
     metrics_path = ctx.dir.metrics
-    resume = resume_checkpoint(ctx, metrics_path, config_dict(config))
+    resume = checkpoint_to_resume(ctx, config_dict(config))
     trainer, loaded = build_trainer(stage_type, ctx, config)
-    record_effective_settings(ctx, trainer)
-    attach_progress(trainer, ctx.name, metrics_path, ctx.console)
-    held_out = attach_held_out(ctx, trainer)  # `eval:`: the live policy scored on held-out rows as it trains
+    record_effective_settings(ctx.dir, trainer)
+    attach_progress(trainer, ctx.name, metrics_path, ctx.console, spec=ctx.spec)
+    held_out = attach_held_out(trainer, plan_held_out(ctx), metrics_path, ctx.log)  # `eval:` as it trains
     train(trainer, resume, ctx.where)
     evaluated = final_evaluation(trainer, metrics_path) if trainer.eval_dataset is not None else {}
     save_model(loaded.model, loaded.tokenizer, ctx.stage_dir)

@@ -31,7 +31,8 @@ from kitcli.recipe.config_fields import NOT_NEGATIVE, Range
 from kitcli.recipe.stage_context import StageContext
 from kitcli.recipe.stage_spec import StageSpec
 from kitcli.stages.pairs import PreferenceSection, describe_data, final_evaluation, has_eval, train_eval_rows
-from kitcli.training.checkpoints import record_effective_settings, resume_checkpoint, train
+from kitcli.stages.steps import checkpoint_to_resume, plan_held_out
+from kitcli.training.checkpoints import record_effective_settings, train
 from kitcli.training.held_out import describe_held_out
 from kitcli.training.progress import attach_progress, read_metrics
 from kitcli.training.trainers import trainer_summary
@@ -52,7 +53,7 @@ def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, A
     evaluating = has_eval(ctx)
     return {
         "learning_rate": 1e-4,
-        "max_length": ctx.model["max_seq_length"],  # pairs longer than this are dropped (logged)
+        "max_length": ctx.model.max_seq_length,  # pairs longer than this are dropped (logged)
         "center_rewards_coefficient": None,  # pure Bradley-Terry loss; 0.01 adds the mean-zero term
         "disable_dropout": True,
         "gradient_checkpointing": cuda_available() if on_gpu is None else on_gpu,
@@ -66,7 +67,7 @@ def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, A
 def make_config(ctx: StageContext):
     from kitcli.training.trainers import config_class
 
-    return build_config(config_class("reward"), stage_defaults=stage_defaults(ctx), train=ctx.section.train,
+    return build_config(config_class(ctx.spec), stage_defaults=stage_defaults(ctx), train=ctx.section.train,
                         where=ctx.where, output_dir=ctx.dir.checkpoints, seed=ctx.seed,
                         on_gpu=cuda_available())
 
@@ -74,17 +75,17 @@ def make_config(ctx: StageContext):
 def describe(ctx: StageContext) -> dict[str, Any]:
     from kitcli.models.backend import choose_backend, prepare_backend
 
-    prepare_backend(choose_backend(ctx.model["backend"]))  # unsloth before trl, as the run's policy stages need
+    prepare_backend(choose_backend(ctx.model.backend))  # unsloth before trl, as the run's policy stages need
     config = make_config(ctx)
     return {"init": ctx.section.init or "base model", **describe_data(ctx),
-            **config_summary(config, stage_defaults(ctx), ctx.section.train), **describe_held_out(ctx)}
+            **config_summary(config, stage_defaults(ctx), ctx.section.train), **describe_held_out(plan_held_out(ctx))}
 
 
 def reward_base(ctx: StageContext) -> str:
     """The unquantized model the adapter is merged into: the base, or a fully fine-tuned init stage's model."""
     if ctx.init_dir is not None and (ctx.init_dir / "model").is_dir():
         return str(ctx.init_dir / "model")
-    return resolve_model_path(ctx.model["name"], ctx.seed)
+    return resolve_model_path(ctx.model.name, ctx.seed)
 
 
 def build_trainer(ctx: StageContext, config=None):
@@ -94,12 +95,12 @@ def build_trainer(ctx: StageContext, config=None):
     train_rows, eval_rows = train_eval_rows(ctx)
     config = config or make_config(ctx)
     loaded = load_reward_model(
-        ctx.model["name"], max_seq_length=ctx.model["max_seq_length"], load_in_4bit=ctx.model["load_in_4bit"],
-        lora=ctx.recipe.data["lora"], backend=ctx.model["backend"], dtype=ctx.model["dtype"], seed=ctx.seed,
-        init_from=ctx.init_dir, trust_remote_code=ctx.model["trust_remote_code"],
-        chat_template=ctx.model.get("chat_template"), log=ctx.log,
+        ctx.model.name, max_seq_length=ctx.model.max_seq_length, load_in_4bit=ctx.model.load_in_4bit,
+        lora=ctx.lora.model_dump() if ctx.lora is not None else None, backend=ctx.model.backend,
+        dtype=ctx.model.dtype, seed=ctx.seed, init_from=ctx.init_dir, trust_remote_code=ctx.model.trust_remote_code,
+        chat_template=ctx.model.chat_template, log=ctx.log,
     )
-    trainer, _ = build("reward", loaded, args=config, train_dataset=to_dataset(train_rows),
+    trainer, _ = build(ctx.spec, loaded, args=config, train_dataset=to_dataset(train_rows),
                        eval_dataset=to_dataset(eval_rows) if eval_rows else None, processing_class=loaded.tokenizer,
                        log=ctx.log, label=ctx.name, where=ctx.where)
     dropped = len(train_rows) - len(trainer.train_dataset)
@@ -119,10 +120,10 @@ def eval_figures(metrics: dict[str, Any]) -> dict[str, float]:
 def run(ctx: StageContext) -> dict[str, Any]:
     config = make_config(ctx)
     metrics_path = ctx.dir.metrics
-    resume = resume_checkpoint(ctx, metrics_path, config_dict(config))
+    resume = checkpoint_to_resume(ctx, config_dict(config))
     trainer, loaded = build_trainer(ctx, config)
-    record_effective_settings(ctx, trainer)
-    attach_progress(trainer, ctx.name, metrics_path, ctx.console)
+    record_effective_settings(ctx.dir, trainer)
+    attach_progress(trainer, ctx.name, metrics_path, ctx.console, spec=ctx.spec)
     before = None
     if resume is None and trainer.eval_dataset is not None:
         before = eval_figures(trainer.evaluate())
@@ -132,8 +133,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
     train(trainer, resume, ctx.where)
     after = eval_figures(final_evaluation(trainer, metrics_path)) if trainer.eval_dataset is not None else None
     save_model(loaded.model, loaded.tokenizer, ctx.stage_dir)
-    save_merged_reward_model(ctx.stage_dir, base=reward_base(ctx), dtype=ctx.model["dtype"],
-                             trust_remote_code=ctx.model["trust_remote_code"], log=ctx.log)
+    save_merged_reward_model(ctx.stage_dir, base=reward_base(ctx), dtype=ctx.model.dtype,
+                             trust_remote_code=ctx.model.trust_remote_code, log=ctx.log)
     losses = [row["loss"] for row in read_metrics(metrics_path) if "loss" in row]
     summary: dict[str, Any] = {
         **trainer_summary(trainer),

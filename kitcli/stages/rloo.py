@@ -45,8 +45,9 @@ generated one alike, that "ref" equals the starting adapter and is frozen (so wi
 model, and the first logged `kl` is 0). The "ref" adapter is not saved in `adapter/`.
 
 Data, generation batches, checkpoints (at whole generation batches), the dashboard, alarms and the report are the
-GRPO stage's: this module reuses kitcli/stages/grpo.py with trainer kind "rloo". Unlike a GRPO stage it takes no
-`tools:` or `environment:`: TRL 1.15's RLOOTrainer has no `tools=` or `environment_factory=` (docs/tools.md).
+GRPO stage's: this module reuses kitcli/stages/grpo.py, which builds the RLOOTrainer its StageSpec names. Unlike a
+GRPO stage it takes no `tools:` or `environment:`: TRL 1.15's RLOOTrainer has no `tools=` or `environment_factory=`
+(docs/tools.md).
 """
 
 from __future__ import annotations
@@ -89,11 +90,11 @@ def reference(ctx: StageContext) -> str:
 
 
 def describe(ctx: StageContext) -> dict[str, Any]:
-    return grpo.describe_stage(ctx, RLOO_PRESET, {"method": "rloo", "reference": reference(ctx)}, kind="rloo")
+    return grpo.describe_stage(ctx, RLOO_PRESET, {"method": "rloo", "reference": reference(ctx)})
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
-    return grpo.train_stage(ctx, RLOO_PRESET, {"method": "rloo", "reference": reference(ctx)}, kind="rloo")
+    return grpo.train_stage(ctx, RLOO_PRESET, {"method": "rloo", "reference": reference(ctx)})
 
 
 SPEC = StageSpec(
@@ -105,4 +106,4 @@ SPEC = StageSpec(
     refused_keys={"tools": "TRL 1.15's RLOOTrainer takes no tools"},
     launcher="data parallel (TRL RLOOTrainer): each process generates its share of the completions",
     memory_settings=grpo.RL_MEMORY, rows=grpo.load_rows,
-    defaults=lambda ctx, on_gpu=None: grpo.stage_defaults(ctx, RLOO_PRESET, on_gpu, kind="rloo"))
+    defaults=lambda ctx, on_gpu=None: grpo.stage_defaults(ctx, RLOO_PRESET, on_gpu))

@@ -16,7 +16,8 @@ from kitcli.models.backend import cuda_available, load_stage_policy, save_model
 from kitcli.recipe.schema import TrainingSection
 from kitcli.recipe.stage_context import StageContext
 from kitcli.recipe.stage_spec import StageSpec
-from kitcli.training.checkpoints import record_effective_settings, resume_checkpoint, train
+from kitcli.stages.steps import checkpoint_to_resume, plan_held_out
+from kitcli.training.checkpoints import record_effective_settings, train
 from kitcli.training.held_out import attach_held_out, describe_held_out
 from kitcli.training.progress import attach_progress, read_metrics
 from kitcli.training.trainers import build_trainer, trainer_summary
@@ -34,7 +35,7 @@ class SFTSection(TrainingSection):
 
 def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, Any]:
     return {
-        "max_length": ctx.model["max_seq_length"],
+        "max_length": ctx.model.max_seq_length,
         "packing": False,
         "completion_only_loss": True,
         "assistant_only_loss": False,
@@ -48,7 +49,7 @@ def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, A
 def make_config(ctx: StageContext):
     from kitcli.training.trainers import config_class
 
-    return build_config(config_class("sft"), stage_defaults=stage_defaults(ctx), train=ctx.section.train,
+    return build_config(config_class(ctx.spec), stage_defaults=stage_defaults(ctx), train=ctx.section.train,
                         where=ctx.where, output_dir=ctx.dir.checkpoints, seed=ctx.seed,
                         on_gpu=cuda_available())
 
@@ -77,14 +78,14 @@ def check_assistant_only_loss(ctx: StageContext, rows: list[dict[str, Any]]) -> 
         raise KitError(f"{ctx.where}: train.assistant_only_loss needs conversational rows (messages, or prompt and "
                        f"completion as lists of turns) and '{ctx.section.data.path}' has plain text; set data: "
                        f"{{chat: true}} or assistant_only_loss: false")
-    tokenizer = with_template_text(preflight_tokenizer(ctx.model["name"]), ctx.model.get("chat_template"))
+    tokenizer = with_template_text(preflight_tokenizer(ctx.model.name), ctx.model.chat_template)
     template = getattr(tokenizer, "chat_template", None)
     if template is None or has_generation_markers(template):
         return  # no template: the rows' own check says so; marked: TRL uses it as it is
     try:
         get_training_chat_template(tokenizer)
     except ValueError:
-        raise KitError(f"{ctx.where}: train.assistant_only_loss: the chat template of '{ctx.model['name']}' marks no "
+        raise KitError(f"{ctx.where}: train.assistant_only_loss: the chat template of '{ctx.model.name}' marks no "
                        f"assistant tokens with {{% generation %}} and TRL has no training variant of it; wrap the "
                        f"assistant's turns in {{% generation %}}...{{% endgeneration %}} in its chat_template.jinja "
                        f"(docs/tools.md) or set assistant_only_loss: false") from None
@@ -93,27 +94,26 @@ def check_assistant_only_loss(ctx: StageContext, rows: list[dict[str, Any]]) -> 
 def describe(ctx: StageContext) -> dict[str, Any]:
     from kitcli.models.backend import choose_backend, prepare_backend
 
-    prepare_backend(choose_backend(ctx.model["backend"]))
+    prepare_backend(choose_backend(ctx.model.backend))
     rows = load_rows(ctx)
     config = make_config(ctx)
     if config.assistant_only_loss:
         check_assistant_only_loss(ctx, rows)
     return {"init": ctx.section.init or "base model", "data": ctx.section.data.path, "rows": len(rows),
-            **config_summary(config, stage_defaults(ctx), ctx.section.train), **describe_held_out(ctx)}
+            **config_summary(config, stage_defaults(ctx), ctx.section.train), **describe_held_out(plan_held_out(ctx))}
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
     rows = load_rows(ctx)
     config = make_config(ctx)
     metrics_path = ctx.dir.metrics
-    resume = resume_checkpoint(ctx, metrics_path, config_dict(config))
-    loaded = load_stage_policy(ctx.model, lora=ctx.recipe.data["lora"], seed=ctx.seed, init_from=ctx.init_dir,
-                               log=ctx.log)
-    trainer, _ = build_trainer("sft", loaded, args=config, train_dataset=to_dataset(rows),
-                            processing_class=loaded.tokenizer, log=ctx.log, label=ctx.name, where=ctx.where)
-    record_effective_settings(ctx, trainer)
-    attach_progress(trainer, ctx.name, metrics_path, ctx.console)
-    held_out = attach_held_out(ctx, trainer)
+    resume = checkpoint_to_resume(ctx, config_dict(config))
+    loaded = load_stage_policy(ctx.model, lora=ctx.lora, seed=ctx.seed, init_from=ctx.init_dir, log=ctx.log)
+    trainer, _ = build_trainer(ctx.spec, loaded, args=config, train_dataset=to_dataset(rows),
+                               processing_class=loaded.tokenizer, log=ctx.log, label=ctx.name, where=ctx.where)
+    record_effective_settings(ctx.dir, trainer)
+    attach_progress(trainer, ctx.name, metrics_path, ctx.console, spec=ctx.spec)
+    held_out = attach_held_out(trainer, plan_held_out(ctx), metrics_path, ctx.log)
     train(trainer, resume, ctx.where)
     save_model(loaded.model, loaded.tokenizer, ctx.stage_dir)
     losses = [row["loss"] for row in read_metrics(metrics_path) if "loss" in row]

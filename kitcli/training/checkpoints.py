@@ -34,7 +34,7 @@ from kitcli.rundir import StageDir
 from kitcli.training.finished import finished_steps
 
 if TYPE_CHECKING:
-    from kitcli.recipe.stage_context import StageContext
+    from kitcli.recipe.schema import LoraSpec
 
 ADAPTER_FILE = "adapter_model.safetensors"
 # Config fields that may change between an interrupted run and its resume without changing what is trained.
@@ -114,10 +114,8 @@ def check_files(checkpoint: Path, required: list[str]) -> None:
 # scheduler, RNG states and trainer state; a stage with its own loop (PPO) lists its set in its StageSpec.
 
 
-def required_files(stage_type: str, checkpoint: Path) -> list[str]:
-    from kitcli.recipe import stage_types
-
-    own = stage_types.spec(stage_type).checkpoint_files
+def required_files(own: tuple[str, ...], checkpoint: Path) -> list[str]:
+    """The files `checkpoint` must hold: `own` (a StageSpec's checkpoint_files), else transformers' Trainer's."""
     if own:
         return list(own)
     weights = ADAPTER_FILE if (checkpoint / "adapter_config.json").exists() else "model.safetensors"
@@ -172,14 +170,15 @@ def check_lora_shape(checkpoint: Path, lora: dict[str, Any] | None, where: str) 
                            f"{way_out(checkpoint.parent.parent, checkpoint)}")
 
 
-def check_resumable(stage_dir: Path, stage_type: str, settings: dict[str, Any], lora: dict[str, Any] | None,
-                    where: str) -> Path | None:
-    """The checkpoint a stage will resume from, after checking it is whole and was written with these settings
-    and LoRA shapes; None when there is none. Raises KitError (nothing is changed) when it cannot resume."""
+def check_resumable(stage_dir: Path, settings: dict[str, Any], lora: dict[str, Any] | None, where: str,
+                    checkpoint_files: tuple[str, ...] = ()) -> Path | None:
+    """The checkpoint a stage will resume from, after checking it is whole (`checkpoint_files`: its StageSpec's) and
+    was written with these settings and LoRA shapes; None when there is none. Raises KitError (nothing is changed)
+    when it cannot resume."""
     checkpoint = last_checkpoint(stage_dir)
     if checkpoint is None:
         return None
-    check_files(checkpoint, required_files(stage_type, checkpoint))
+    check_files(checkpoint, required_files(checkpoint_files, checkpoint))
     check_settings(stage_dir, checkpoint, settings, where)
     check_lora_shape(checkpoint, lora, where)
     return checkpoint
@@ -342,43 +341,43 @@ def train(trainer, checkpoint: Path | None, where: str, stop_every: int = 1) -> 
 
 # --- the stage's side ------------------------------------------------------------------------------------------
 
-def stage_lora(ctx: StageContext) -> dict[str, Any] | None:
-    """The LoRA settings the stage trains with: its init stage's adapter's, else the recipe's."""
+def stage_lora(init_dir: Path | None, lora: LoraSpec | None) -> dict[str, Any] | None:
+    """The LoRA settings a stage trains with: its init stage's adapter's (`init_dir`), else the recipe's `lora`."""
     from kitcli.models.backend import lora_from_adapter
 
-    init = ctx.init_dir
-    if init is not None and (StageDir(init).adapter / "adapter_config.json").is_file():
-        return lora_from_adapter(StageDir(init).adapter)
-    return ctx.recipe.data["lora"]
+    if init_dir is not None and (StageDir(init_dir).adapter / "adapter_config.json").is_file():
+        return lora_from_adapter(StageDir(init_dir).adapter)
+    return lora.model_dump() if lora is not None else None
 
 
-def resume_checkpoint(ctx: StageContext, metrics_path: Path, settings: dict[str, Any]) -> Path | None:
-    """The stage's last checkpoint, checked (whole, same settings and LoRA shapes) before anything trains; then
-    the stage's config.json records `settings` and its metrics are cut back to the checkpoint's step (they will
-    be logged again)."""
+def resume_checkpoint(stage: StageDir, settings: dict[str, Any], *, lora: dict[str, Any] | None, where: str,
+                      log=print, checkpoint_files: tuple[str, ...] = ()) -> Path | None:
+    """The stage's last checkpoint, checked (whole, same settings and LoRA shapes: `lora`, stage_lora's) before
+    anything trains; then the stage's config.json records `settings` and its metrics are cut back to the
+    checkpoint's step (they will be logged again)."""
     from kitcli.training.progress import truncate_metrics
 
-    resume = check_resumable(ctx.stage_dir, ctx.stage["type"], settings, stage_lora(ctx), ctx.where)
+    resume = check_resumable(stage.path, settings, lora, where, checkpoint_files)
     main = dist.is_main_process()  # under `kit run --launcher` one process writes
     if main:
-        ctx.dir.write_config(settings)
+        stage.write_config(settings)
     if resume is None:
         return None
-    step = step_of(resume)
+    step, name = step_of(resume), stage.name
     finished = finished_steps(resume)
     if main:  # a run that died in its end work logged the end of training already: it is logged again
-        truncate_metrics(metrics_path, step, drop_end=finished is not None)
+        truncate_metrics(stage.metrics, step, drop_end=finished is not None)
     if finished:
-        ctx.log(f"resuming {ctx.name} from {resume.name} (step {step}): {ctx.name} had finished training at "
-                f"{resume.name} (step {finished[0]} of {finished[1]}); its weights are restored and only its end "
-                f"work is done (final weights, summary, DONE), without training a step")
+        log(f"resuming {name} from {resume.name} (step {step}): {name} had finished training at "
+            f"{resume.name} (step {finished[0]} of {finished[1]}); its weights are restored and only its end "
+            f"work is done (final weights, summary, DONE), without training a step")
     else:
-        ctx.log(f"resuming {ctx.name} from {resume.name} (step {step}): weights, optimizer, scheduler and RNG "
-                f"state restored")
+        log(f"resuming {name} from {resume.name} (step {step}): weights, optimizer, scheduler and RNG "
+            f"state restored")
     return resume
 
 
-def record_effective_settings(ctx: StageContext, trainer) -> None:
+def record_effective_settings(stage: StageDir, trainer) -> None:
     """config.json from the built trainer's own config (`trainer.args` after __init__), so the file says what
     trains, not what was asked. resume_checkpoint wrote the kit's request there just before: the fields the trainer
     changed from it (e.g. Unsloth's DPO fills in max_seq_length) are listed under `kit_rewritten`, and a resume
@@ -387,7 +386,7 @@ def record_effective_settings(ctx: StageContext, trainer) -> None:
 
     if not dist.is_main_process():
         return
-    requested = ctx.dir.read_config() or {}
+    requested = stage.read_config() or {}
     effective = config_dict(trainer.args)
     rewritten = sorted(k for k in set(requested) | set(effective) if requested.get(k) != effective.get(k))
-    ctx.dir.write_config({**effective, **({REWRITTEN_KEY: rewritten} if rewritten else {})})
+    stage.write_config({**effective, **({REWRITTEN_KEY: rewritten} if rewritten else {})})

@@ -30,7 +30,8 @@ from typing import Any
 
 from kitcli.cache import file_sha256
 from kitcli.errors import KitError
-from kitcli.recipe.filter_spec import FilteredSection, FilterSpec  # noqa: F401  (the stages' section, one import)
+from kitcli.recipe.filter_spec import FilteredSection, FilterSpec  # FilteredSection: the stages' section too
+from kitcli.recipe.schema import declared
 from kitcli.rundir import StageDir, write_atomic
 from kitcli.training.signal import Group, histogram, pass_rule, score_groups, summarize
 
@@ -62,17 +63,19 @@ def policy_fingerprint(model_name: str, init_dir: Path | None) -> str:
     return model_name if source is None else f"{model_name}@{gguf.file_sha256(source)[:16]}"
 
 
-def cache_key(*, policy: str, stage: dict[str, Any], seed: int, k: int, sampling: dict[str, Any],
+def cache_key(*, policy: str, stage: FilteredSection, seed: int, k: int, sampling: dict[str, Any],
               max_new_tokens: int, rule: str, tool_rounds: int | None = None) -> str:
+    """What the pass rates depend on (`stage`: the stage's typed section: its data, system prompt, rewards, tools)."""
     from kitcli.data.rows import fingerprint
 
-    data = stage["data"]
-    described = {"policy": policy, "data": fingerprint(data), "columns": data.get("columns"),
-                 "limit": data.get("limit"), "chat": data.get("chat"), "system_prompt": stage.get("system_prompt"),
-                 "rewards": stage.get("rewards"), "seed": seed, "k": k, "sampling": sampling,
+    data = stage.data
+    described = {"policy": policy, "data": fingerprint(data), "columns": data.columns, "limit": data.limit,
+                 "chat": data.chat, "system_prompt": stage.system_prompt,
+                 "rewards": [r.model_dump() for r in stage.rewards], "seed": seed, "k": k, "sampling": sampling,
                  "max_new_tokens": max_new_tokens, "pass": rule}
-    if stage.get("tools"):  # sampled with the tools live: which tools, and how many rounds of calls
-        described.update(tools=stage["tools"], tool_rounds=tool_rounds)
+    tools = declared(stage, "tools")
+    if tools:  # sampled with the tools live: which tools, and how many rounds of calls
+        described.update(tools=[t.model_dump() for t in tools], tool_rounds=tool_rounds)
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -132,15 +135,15 @@ def format_histogram(counts: list[int]) -> str:
     return ", ".join(f"{i * width:.1f}-{(i + 1) * width:.1f}: {n}" for i, n in enumerate(counts) if n)
 
 
-def filter_record(groups: list[Group], kept: list[int], spec: dict[str, Any], rule_text: str,
+def filter_record(groups: list[Group], kept: list[int], spec: FilterSpec, rule_text: str,
                   key: str) -> dict[str, Any]:
-    """What the DONE marker and the report hold of a filter."""
+    """What the DONE marker and the report hold of a filter (`spec`: the stage's `filter:`)."""
     kept_set = set(kept)
     before = summarize(groups)
-    record = {"k": spec["k"], "min_pass": spec["min_pass"], "max_pass": spec["max_pass"], "pass": rule_text,
+    record = {"k": spec.k, "min_pass": spec.min_pass, "max_pass": spec.max_pass, "pass": rule_text,
               "cache_key": key, "prompts": len(groups), "kept": len(kept), "kept_share": len(kept) / len(groups),
-              "below_min": sum(g.pass_rate < spec["min_pass"] - 1e-12 for g in groups),
-              "above_max": sum(g.pass_rate > spec["max_pass"] + 1e-12 for g in groups),
+              "below_min": sum(g.pass_rate < spec.min_pass - 1e-12 for g in groups),
+              "above_max": sum(g.pass_rate > spec.max_pass + 1e-12 for g in groups),
               "pass_rate_histogram_before": before["pass_rate_histogram"],
               "pass_rate_histogram_after": histogram([g.pass_rate for g in groups if g.index in kept_set]),
               "zero_variance_share_before": before["zero_variance_share"],
@@ -165,26 +168,26 @@ def check_kept(record: dict[str, Any], needed: int, where: str) -> None:
                    f"{faults}; widen the bounds or give other prompts")
 
 
-def run_filter(*, model, tokenizer, rows: list[dict[str, Any]], rewards, stage: dict[str, Any], model_name: str,
+def run_filter(*, model, tokenizer, rows: list[dict[str, Any]], rewards, stage: FilteredSection, model_name: str,
                init_dir: Path | None, values: Any, seed: int, where: str, cache_dir: Path | None,
                needed: int = 1, log=None, toolbox=None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The rows a stage's `filter:` keeps, and its record. `values` is the stage's resolved config; `toolbox` the
-    stage's tools (kitcli/training/tool_use.py stage_toolbox), with which each sample is a conversation."""
-    spec = FilterSpec.model_validate(stage["filter"]).model_dump()
-    names = [r["name"] if isinstance(r, dict) else r for r in stage.get("rewards") or []]
-    rule = pass_rule(rewards, spec, where, names)
+    """The rows a stage's `filter:` keeps, and its record. `stage` is the stage's typed section (its `filter:`,
+    data and rewards), `values` its resolved config; `toolbox` its tools (kitcli/training/tool_use.py
+    stage_toolbox), with which each sample is a conversation."""
+    spec = stage.filter
+    rule = pass_rule(rewards, spec, where, [r.name for r in stage.rewards])
     sampling, max_new_tokens = sampling_settings(values)
-    key = cache_key(policy=policy_fingerprint(model_name, init_dir), stage=stage, seed=seed, k=spec["k"],
+    key = cache_key(policy=policy_fingerprint(model_name, init_dir), stage=stage, seed=seed, k=spec.k,
                     sampling=sampling, max_new_tokens=max_new_tokens, rule=rule.describe,
                     tool_rounds=None if toolbox is None else toolbox.max_iterations)
     cache = None if cache_dir is None else Path(cache_dir) / f"{key}.jsonl"
     if log:
         live = "" if toolbox is None else f" with {', '.join(toolbox.functions)} live"
-        log(f"filter: sampling {spec['k']} completions of each of {len(rows)} prompts from the starting policy{live} "
-            f"(pass = {rule.describe}); keeping pass rates in [{spec['min_pass']:g}, {spec['max_pass']:g}]")
-    groups = measure_groups(model, tokenizer, rows, rewards, rule, k=spec["k"], sampling=sampling,
+        log(f"filter: sampling {spec.k} completions of each of {len(rows)} prompts from the starting policy{live} "
+            f"(pass = {rule.describe}); keeping pass rates in [{spec.min_pass:g}, {spec.max_pass:g}]")
+    groups = measure_groups(model, tokenizer, rows, rewards, rule, k=spec.k, sampling=sampling,
                             max_new_tokens=max_new_tokens, seed=seed, cache=cache, log=log, toolbox=toolbox)
-    kept = keep_within(groups, spec["min_pass"], spec["max_pass"])
+    kept = keep_within(groups, spec.min_pass, spec.max_pass)
     record = filter_record(groups, kept, spec, rule.describe, key)
     record["max_completion_length"] = max_new_tokens  # what "truncated" was measured against (kit plan reads it)
     if cache_dir is not None:
@@ -196,23 +199,9 @@ def run_filter(*, model, tokenizer, rows: list[dict[str, Any]], rewards, stage: 
     return [rows[i] for i in kept], record
 
 
-def filter_prompts(ctx, rows: list[dict[str, Any]], rewards, loaded, config) -> list[dict[str, Any]]:
-    """The stage's hook (kitcli/stages/grpo.py build_trainer): its rows after `filter:`, or as they are."""
-    from kitcli.training.tool_use import stage_toolbox
-
-    if not ctx.stage.get("filter"):
-        return rows
-    kept, _ = run_filter(model=loaded.model, tokenizer=loaded.tokenizer, rows=rows, rewards=rewards,
-                         stage=ctx.stage, model_name=ctx.model["name"], init_dir=ctx.init_dir, values=config,
-                         seed=ctx.seed, where=ctx.where, cache_dir=filter_dir(ctx.stage_dir),
-                         needed=config.generation_batch_size // config.num_generations, log=ctx.log,
-                         toolbox=stage_toolbox(ctx, loaded.tokenizer, config))
-    return kept
-
-
-def filter_summary(ctx) -> dict[str, Any]:
-    """{"filter": record} for the stage's DONE when it filtered its prompts, else {}."""
-    path = filter_dir(ctx.stage_dir) / SUMMARY_NAME
-    if not ctx.stage.get("filter") or not path.is_file():
+def filter_summary(stage_dir: Path, spec: FilterSpec | None) -> dict[str, Any]:
+    """{"filter": record} for the stage's DONE when it filtered its prompts (`spec`: its `filter:`), else {}."""
+    path = filter_dir(stage_dir) / SUMMARY_NAME
+    if spec is None or not path.is_file():
         return {}
     return {"filter": json.loads(path.read_text())}

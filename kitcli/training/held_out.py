@@ -2,9 +2,10 @@
 adapter as it stands) is scored at step 0, every `every` optimizer steps and at the last step, with the eval
 stage's generation and scoring (kitcli/training/scoring.py: exact match, pass@k, each reward's mean).
 
-A stage makes one call for it: `held_out = attach_held_out(ctx, trainer)` after attach_progress (TRL trainers), or
-`held_out_evaluator(ctx, ...)` for a loop of its own (PPO, kitcli/ppo/trainer.py), and ends with
-`held_out.summarize(summary)`; `describe_held_out(ctx)` checks the section before any model loads.
+A stage resolves its section once, `plan = held_out_plan(stage, ...)` (before any model loads: `describe_held_out(plan)`
+is what --dry-run shows), makes one call for it, `held_out = attach_held_out(trainer, plan, metrics_path, log)` after
+attach_progress (TRL trainers) or `held_out_evaluator(plan, metrics_path, log)` for a loop of its own (PPO,
+kitcli/ppo/trainer.py), and ends with `held_out.summarize(summary)`.
 
 What TRL's own eval loop serves: nothing of this. `eval_strategy` runs the trainer's `evaluate()`, which gives SFT /
 DPO / KTO a loss on `eval_dataset` and GRPO the sampled training rewards on it; none of them generates greedily and
@@ -33,13 +34,12 @@ from typing import TYPE_CHECKING, Any
 from kitcli import dist
 from kitcli.data.rows import apply_system_prompt, read_rows
 from kitcli.errors import KitError
-from kitcli.recipe import stage_types
 from kitcli.records import read_jsonl
 from kitcli.training.scoring import check_eval_rows, check_generation, evaluate_rows, format_score, load_eval_rewards
 
 if TYPE_CHECKING:
     from kitcli.display.dashboard import StageDashboard
-    from kitcli.recipe.stage_context import StageContext
+    from kitcli.recipe.schema import TrainingSection
 
 PREFIX = "eval/"
 
@@ -61,31 +61,31 @@ class HeldOutPlan:
         return "exact_match" if "answer" in self.rows[0] else "reward"
 
 
-def held_out_plan(ctx: StageContext) -> HeldOutPlan | None:
-    """The stage's `eval:` checked and resolved (None without one): rows, answer column, reward names (with a "did
-    you mean"), the rewards' columns, generation settings. Raises KitError naming the stage and the key."""
-    spec = ctx.section.eval  # the typed section (kitcli/recipe/held_out_spec.py), validated with the recipe
+def held_out_plan(stage: TrainingSection, *, base_dir: Path, run_dir: Path, seed: int,
+                  where: str) -> HeldOutPlan | None:
+    """A training stage's `eval:` (its typed section, kitcli/recipe/held_out_spec.py) checked and resolved (None
+    without one): rows, answer column, reward names (with a "did you mean"), the rewards' columns (resolved against
+    `base_dir`, and the run directory for a reward stage's model), generation settings. Raises KitError naming the
+    stage (`where`) and the key."""
+    spec = stage.eval
     if spec is None:
         return None
-    where = f"{ctx.where}: eval"
-    if stage_types.spec_output(ctx.stage["type"]) != "policy":
-        raise KitError(f"{where}: held-out evaluation generates with a policy, and a {ctx.stage['type']} stage trains "
+    where = f"{where}: eval"
+    if stage.spec.output != "policy":
+        raise KitError(f"{where}: held-out evaluation generates with a policy, and a {stage.type} stage trains "
                        f"a scorer; remove eval: (its pair accuracy is eval_data: / eval_fraction:)")
     given = spec.generation.model_dump(exclude_unset=True) if spec.generation is not None else {}
     settings = check_generation({"show": 0, **given}, where)  # no sample lines inside the dashboard unless asked
-    rewards = load_eval_rewards([r.model_dump(exclude_unset=True) for r in spec.rewards], ctx.recipe.base_dir,
-                                where, ctx.run_dir)
-    data = spec.data.model_dump()
-    data["limit"] = min(data["limit"] or spec.limit, spec.limit)
+    rewards = load_eval_rewards(spec.rewards, base_dir, where, run_dir)
+    data = spec.data.model_copy(update={"limit": min(spec.data.limit or spec.limit, spec.limit)})
     rows = read_rows(data, where)
-    check_eval_rows(rows, rewards, where, data["path"])
-    rows = apply_system_prompt(rows, spec.system_prompt, where, data["path"])
-    return HeldOutPlan(spec=spec, rows=rows, rewards=rewards, settings=settings, where=where, seed=ctx.seed)
+    check_eval_rows(rows, rewards, where, data.path)
+    rows = apply_system_prompt(rows, spec.system_prompt, where, data.path)
+    return HeldOutPlan(spec=spec, rows=rows, rewards=rewards, settings=settings, where=where, seed=seed)
 
 
-def describe_held_out(ctx: StageContext) -> dict[str, Any]:
-    """For a stage's describe (--dry-run, preflight): the section checked, and one line of what it will do."""
-    plan = held_out_plan(ctx)
+def describe_held_out(plan: HeldOutPlan | None) -> dict[str, Any]:
+    """For a stage's describe (--dry-run, preflight): one line of what its checked `eval:` will do."""
     if plan is None:
         return {}
     scored = ([plan.metric.replace("_", " ")] if plan.metric == "exact_match" else []) + [r.name for r in plan.rewards]
@@ -220,18 +220,19 @@ def best_checkpoint(stage_dir: Path, step: int) -> str | None:
     return folder.name if folder.is_dir() else None
 
 
-def held_out_evaluator(ctx: StageContext, dashboard: StageDashboard | None = None) -> HeldOut:
-    """The stage's held-out evaluations (a HeldOut that does nothing without `eval:`), for a loop of its own."""
-    return HeldOut(held_out_plan(ctx), ctx.dir.metrics, ctx.log, dashboard)
+def held_out_evaluator(plan: HeldOutPlan | None, metrics_path: Path, log,
+                       dashboard: StageDashboard | None = None) -> HeldOut:
+    """The stage's held-out evaluations (a HeldOut that does nothing without a plan), for a loop of its own."""
+    return HeldOut(plan, metrics_path, log, dashboard)
 
 
 # --- TRL trainers -----------------------------------------------------------------------------------------------
 
-def attach_held_out(ctx: StageContext, trainer) -> HeldOut:
+def attach_held_out(trainer, plan: HeldOutPlan | None, metrics_path: Path, log) -> HeldOut:
     """Evaluate the trainer's live policy at step 0, every `every` steps and at the last step (a TrainerCallback
     added after the kit's progress callback, whose dashboard shows and logs the figures)."""
     dashboard = next((cb.dashboard for cb in trainer.callback_handler.callbacks if hasattr(cb, "dashboard")), None)
-    held_out = held_out_evaluator(ctx, dashboard)
+    held_out = held_out_evaluator(plan, metrics_path, log, dashboard)
     if held_out.plan is not None:
         trainer.add_callback(make_held_out_callback(held_out, trainer.processing_class))
     return held_out

@@ -1,7 +1,7 @@
 """TRL trainers' progress, shown by the kit's dashboard (kitcli/display/dashboard.py): `attach_progress(trainer, name,
-metrics_path, console)` replaces transformers' own printer and tqdm callbacks, so a metrics dict is shown once, in
-one format, and written to the stage's metrics.jsonl. Also the metrics files themselves: read, and cut back to a
-checkpoint's step on resume."""
+metrics_path, console, spec=SPEC)` replaces transformers' own printer and tqdm callbacks, so a metrics dict is shown
+once, in one format, and written to the stage's metrics.jsonl. Also the metrics files themselves: read, and cut back
+to a checkpoint's step on resume."""
 
 from __future__ import annotations
 
@@ -13,17 +13,10 @@ from typing import Any
 from rich.console import Console
 
 from kitcli.display.conversation import call_counts, tool_turns
-from kitcli.display.dashboard import DISPLAY, SAMPLES_SHOWN, StageDashboard
+from kitcli.display.dashboard import SAMPLES_SHOWN, StageDashboard
 from kitcli.display.formatting import message_text
-from kitcli.recipe import stage_types
 from kitcli.records import read_jsonl
 from kitcli.rundir import StageDir
-
-
-def stage_type_of(trainer) -> str | None:
-    """The stage type a trainer serves, from its class (TRL's or Unsloth's generated one)."""
-    names = {cls.__name__.removeprefix("Unsloth") for cls in type(trainer).__mro__}
-    return next((t for t, spec in stage_types.specs().items() if spec.trainer_name in names), None)
 
 
 def samples_from_trainer(trainer, count: int = SAMPLES_SHOWN) -> list[dict[str, Any]]:
@@ -153,16 +146,14 @@ def truncate_metrics(path: Path, last_step: int, drop_end: bool = False) -> None
 # --- TRL trainers -------------------------------------------------------------------------------------------
 
 def make_progress_callback(stage_name: str, metrics_path: Path, console: Console, label: str = "", *,
-                           trainer=None, stage_type: str | None = None, index: int | None = None,
-                           total: int | None = None, mode: str | None = None, json_stream=None):
-    """A transformers callback that drives a StageDashboard. `trainer` (optional) is read for recent sample
-    completions (GRPO keeps them in `trainer._logs`) and, when `stage_type` is not given, for the stage type."""
+                           trainer=None, spec=None, index: int | None = None, total: int | None = None,
+                           mode: str | None = None, json_stream=None):
+    """A transformers callback that drives a StageDashboard (`spec`: the stage type's StageSpec, whose metrics it
+    shows). `trainer` (optional) is read for recent sample completions (GRPO keeps them in `trainer._logs`)."""
     from transformers import TrainerCallback
 
-    if stage_type is None and DISPLAY.stage_type is None and trainer is not None:
-        stage_type = stage_type_of(trainer)
-    dashboard = StageDashboard(stage_name, metrics_path, console, stage_type=stage_type, index=index, total=total,
-                               mode=mode, json_stream=json_stream, label=label)
+    dashboard = StageDashboard(stage_name, metrics_path, console, spec=spec, index=index, total=total, mode=mode,
+                               json_stream=json_stream, label=label)
 
     class KitProgress(TrainerCallback):
         """Shows progress and appends every logged metrics dict (with step and time) to metrics.jsonl."""

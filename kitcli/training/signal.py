@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kitcli.errors import KitError
+
+if TYPE_CHECKING:
+    from kitcli.recipe.filter_spec import FilterSpec
 
 HISTOGRAM_BINS = 10  # pass-rate histogram: [0, 0.1), [0.1, 0.2), ... [0.9, 1.0]
 EPSILON = 1e-9
@@ -86,17 +89,17 @@ def unranged(rewards) -> list[str]:
     return out
 
 
-def pass_rule(rewards, spec: dict[str, Any] | None, where: str, names: list[str] | None = None, *,
+def pass_rule(rewards, spec: FilterSpec | None, where: str, names: list[str] | None = None, *,
               required: bool = True) -> PassRule | None:
-    """The rule of `filter:` (`spec`; None: the default) for these loaded rewards. `names` are the rewards' names
-    as the recipe writes them (a `pass_reward:` may use either those or the functions' names). A default rule that
-    cannot be formed (a reward without a finite range) is an error, or None where a pass rate is optional
-    (`required=False`: a stage without `filter:`, measured by `kit check --signal`)."""
-    spec = spec or {}
+    """The rule of `filter:` (`spec`, the stage's typed section; None: the default) for these loaded rewards. `names`
+    are the rewards' names as the recipe writes them (a `pass_reward:` may use either those or the functions'
+    names). A default rule that cannot be formed (a reward without a finite range) is an error, or None where a pass
+    rate is optional (`required=False`: a stage without `filter:`, measured by `kit check --signal`)."""
     if not rewards:
         raise KitError(f"{where}: filter: needs reward functions to decide a pass (a reward model's score has no "
                        f"maximum); add rewards: [...] to the stage")
-    chosen = spec.get("pass_reward")
+    chosen = spec.pass_reward if spec is not None else None
+    pass_score = spec.pass_score if spec is not None else None
     if chosen is not None:
         written = names or [r.name for r in rewards]
         match = [r for r, w in zip(rewards, written) if chosen in (r.name, w)]
@@ -104,15 +107,15 @@ def pass_rule(rewards, spec: dict[str, Any] | None, where: str, names: list[str]
             known = ", ".join(dict.fromkeys([*written, *(r.name for r in rewards)]))
             raise KitError(f"{where}: filter.pass_reward '{chosen}' is not one of the stage's rewards ({known})")
         reward = match[0]
-        threshold = spec.get("pass_score")
+        threshold = pass_score
         if threshold is None:
             if reward.score_range is None or not math.isfinite(reward.score_range[1]):
                 raise KitError(f"{where}: filter.pass_reward '{chosen}' declares no finite maximum score; give "
                                f"filter.pass_score (the score that counts as a pass)")
             threshold = reward.score_range[1]
         return PassRule(reward.name, float(threshold), f"{reward.name} >= {threshold:g}")
-    if spec.get("pass_score") is not None:
-        return PassRule(None, float(spec["pass_score"]), f"weighted total >= {spec['pass_score']:g}")
+    if pass_score is not None:
+        return PassRule(None, float(pass_score), f"weighted total >= {pass_score:g}")
     missing = unranged(rewards)
     if missing:
         if not required:

@@ -28,118 +28,122 @@ tokenizer gets its response template (TRL's Qwen3 one) here, in a stage with too
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kitcli.errors import KitError
 from kitcli.models.chat_template import with_template_text
-from kitcli.recipe.stage_context import StageContext
+from kitcli.recipe.schema import declared
 from kitcli.recipe.tool_spec import ToolsSection  # noqa: F401  (the stages' section, one import)
+
+if TYPE_CHECKING:
+    from kitcli.recipe.schema import ModelSpec
 
 DEFAULT_ITERATIONS = 4  # tool-calling rounds per completion
 UNLIMITED_ROUNDS = 1_000  # max_tool_calling_iterations None: TRL's loop runs until the completion length is spent
 
+# The functions below take the stage's typed section (`stage`: a ToolsSection, or an eval stage's, with `tools` and
+# `environment`), the recipe's folder (`base_dir`, where tool files are found) and `where` (the stage, for messages).
 
-def has_tools(ctx: StageContext) -> bool:
-    return bool(ctx.stage.get("tools") or ctx.stage.get("environment"))
+
+def has_tools(stage) -> bool:
+    return bool(declared(stage, "tools") or declared(stage, "environment"))
 
 
-def stage_tools(ctx: StageContext) -> tuple[list, type | None]:
+def stage_tools(stage, base_dir: Path, where: str) -> tuple[list, type | None]:
     """The stage's loaded tools (tools/registry.py LoadedTool, guarded) and its guarded environment class (or None)."""
     from tools.registry import load_environment, load_tools
 
-    where = f"{ctx.where}: tools"
-    tools = load_tools(ctx.stage.get("tools") or [], ctx.recipe.base_dir, where)
-    environment = ctx.stage.get("environment")
+    tools = load_tools(declared(stage, "tools") or [], base_dir, f"{where}: tools")
+    environment = declared(stage, "environment")
     if environment is None:
         return tools, None
-    return tools, load_environment(environment, ctx.recipe.base_dir, f"{ctx.where}: environment", tools)
+    return tools, load_environment(environment, base_dir, f"{where}: environment", tools)
 
 
-def stage_schemas(ctx: StageContext) -> list[dict[str, Any]]:
+def stage_schemas(stage, base_dir: Path, where: str) -> list[dict[str, Any]]:
     """The JSON schemas of the stage's tools and its environment's tool methods, as TRL gives them to the chat
     template (none without tools)."""
-    if not has_tools(ctx):
+    if not has_tools(stage):
         return []
     from tools.registry import check_tool, environment_methods
 
-    tools, environment = stage_tools(ctx)
+    tools, environment = stage_tools(stage, base_dir, where)
     methods = environment_methods(environment) if environment is not None else {}
-    return [t.schema for t in tools] + [check_tool(fn, name, ctx.where, method=True) for name, fn in methods.items()]
+    return [t.schema for t in tools] + [check_tool(fn, name, where, method=True) for name, fn in methods.items()]
 
 
-def tool_defaults(ctx: StageContext) -> dict[str, Any]:
+def tool_defaults(stage, where: str) -> dict[str, Any]:
     """The config fields the kit sets for a stage with tools; train.max_tool_calling_iterations without tools is
     refused (it would do nothing)."""
-    if has_tools(ctx):
+    if has_tools(stage):
         return {"max_tool_calling_iterations": DEFAULT_ITERATIONS}
-    if "max_tool_calling_iterations" in ctx.stage.get("train", {}):
-        raise KitError(f"{ctx.where}: train.max_tool_calling_iterations only matters when the model can call tools; "
+    if "max_tool_calling_iterations" in stage.train:
+        raise KitError(f"{where}: train.max_tool_calling_iterations only matters when the model can call tools; "
                        f"give the stage tools: (e.g. tools: [calculator]) or remove it")
     return {}
 
 
-def describe_tools(ctx: StageContext) -> dict[str, Any]:
-    """Load and check the stage's tools and its model's chat template (before any model loads); what `--dry-run`
-    prints about them."""
-    if not has_tools(ctx):
+def describe_tools(stage, model: ModelSpec, base_dir: Path, where: str) -> dict[str, Any]:
+    """Load and check the stage's tools and its model's chat template (`model`: the recipe's, before any model
+    loads); what `--dry-run` prints about them."""
+    if not has_tools(stage):
         return {}
-    tools, environment = stage_tools(ctx)
-    check_prompts(ctx)
-    tokenizer = with_template_text(preflight_tokenizer(ctx.model["name"]), ctx.model.get("chat_template"))
+    tools, environment = stage_tools(stage, base_dir, where)
+    check_prompts(stage, where)
+    tokenizer = with_template_text(preflight_tokenizer(model.name), model.chat_template)
     if tokenizer is not None:
-        check_template(tokenizer, ctx.model["name"], ctx.where)
+        check_template(tokenizer, model.name, where)
     described: dict[str, Any] = {"tools": [f"{t.name} ({t.source})" for t in tools]}
     if environment is not None:
         from tools.registry import environment_methods
 
-        described["environment"] = (f"{ctx.stage['environment']} (tools: "
-                                    f"{', '.join(environment_methods(environment))})")
+        described["environment"] = f"{stage.environment} (tools: {', '.join(environment_methods(environment))})"
     return described
 
 
-def tool_kwargs(ctx: StageContext, tokenizer) -> dict[str, Any]:
+def tool_kwargs(stage, tokenizer, model_name: str, base_dir: Path, where: str) -> dict[str, Any]:
     """The GRPOTrainer keyword arguments for the stage's tools (none without them), after checking the loaded
     tokenizer's template (a hub model's tokenizer is first seen here when it was not in the local cache)."""
-    if not has_tools(ctx):
+    if not has_tools(stage):
         return {}
-    check_template(tokenizer, ctx.model["name"], ctx.where)
-    tools, environment = stage_tools(ctx)
+    check_template(tokenizer, model_name, where)
+    tools, environment = stage_tools(stage, base_dir, where)
     kwargs: dict[str, Any] = {"tools": [t.fn for t in tools]}
     if environment is not None:
         kwargs["environment_factory"] = environment
     return kwargs
 
 
-def stage_toolbox(ctx: StageContext, tokenizer, values: Any):
+def stage_toolbox(stage, tokenizer, values: Any, *, model_name: str, base_dir: Path, where: str):
     """The stage's tools as difficulty filtering and `kit check --signal` sample with them
     (kitcli/models/tool_loop.py Toolbox; None without tools). `values` is the stage's resolved config (a TRL config
     or a dict): its max_tool_calling_iterations, as the trainer will use it (None: no limit but the length)."""
-    if not has_tools(ctx):
+    if not has_tools(stage):
         return None
     from kitcli.models.tool_loop import Toolbox
 
-    if ctx.stage.get("environment"):
-        raise KitError(f"{ctx.where}: filter: samples the starting policy with the stage's tools: but cannot run an "
+    if declared(stage, "environment"):
+        raise KitError(f"{where}: filter: samples the starting policy with the stage's tools: but cannot run an "
                        f"environment: (TRL makes one instance per rollout); remove filter: (or the environment)")
-    check_template(tokenizer, ctx.model["name"], ctx.where)
-    tools, _ = stage_tools(ctx)
+    check_template(tokenizer, model_name, where)
+    tools, _ = stage_tools(stage, base_dir, where)
     rounds = values.get("max_tool_calling_iterations") if isinstance(values, dict) else \
         getattr(values, "max_tool_calling_iterations", None)
     return Toolbox({t.name: t.fn for t in tools}, [t.schema for t in tools],
                    UNLIMITED_ROUNDS if rounds is None else int(rounds))
 
 
-def check_prompts(ctx: StageContext) -> None:
+def check_prompts(stage, where: str) -> None:
     """Tool schemas reach the model through the chat template, which TRL applies only to conversational prompts."""
-    spec = ctx.stage["data"]
-    if spec.get("chat") or ctx.stage.get("system_prompt") or not Path(spec["path"]).is_file():
+    spec = stage.data
+    if spec.chat or declared(stage, "system_prompt") or not Path(spec.path).is_file():
         return
     from kitcli.data.rows import read_rows
 
-    rows = read_rows(spec, ctx.where)
+    rows = read_rows(spec, where)
     if isinstance(rows[0].get("prompt"), str):
-        raise KitError(f"{ctx.where}: tools: the model sees the tools through its chat template, which TRL applies "
-                       f"only to conversational prompts, and '{spec['path']}' has plain-text prompts; set data: "
+        raise KitError(f"{where}: tools: the model sees the tools through its chat template, which TRL applies "
+                       f"only to conversational prompts, and '{spec.path}' has plain-text prompts; set data: "
                        f"{{chat: true}} (or a system_prompt:)")
 
 
@@ -203,16 +207,17 @@ def check_template(tokenizer, model: str, where: str) -> None:
                            f"later ones follow, and TRL has no training variant of it; {fix}") from None
 
 
-def evaluate_with_tools(ctx: StageContext, model, tokenizer, rows: list[dict[str, Any]], records: list[dict[str, Any]],
-                        settings: dict[str, Any]) -> dict[str, Any]:
-    """An eval stage's run with its tools: the same multi-turn loop as GRPO's, greedy, one conversation per row (the
-    first of each row's records gets it). Returns the summary's tool figures and a headline part."""
+def evaluate_with_tools(stage, model, tokenizer, rows: list[dict[str, Any]], records: list[dict[str, Any]],
+                        settings: dict[str, Any], *, model_name: str, base_dir: Path, where: str) -> dict[str, Any]:
+    """An eval stage's run with its tools (`stage`: its typed section): the same multi-turn loop as GRPO's, greedy,
+    one conversation per row (the first of each row's records gets it). Returns the summary's tool figures and a
+    headline part."""
     from kitcli.models.generate import exact_match
     from kitcli.models.tool_loop import generate_with_tools
 
-    check_template(tokenizer, ctx.model["name"], ctx.where)
-    tools, _ = stage_tools(ctx)
-    iterations = ctx.stage.get("max_tool_calling_iterations", DEFAULT_ITERATIONS)  # the eval section's key
+    check_template(tokenizer, model_name, where)
+    tools, _ = stage_tools(stage, base_dir, where)
+    iterations = stage.max_tool_calling_iterations
     conversations = generate_with_tools(model, tokenizer, [row["prompt"] for row in rows],
                                         {t.name: t.fn for t in tools}, [t.schema for t in tools],
                                         max_new_tokens=settings["max_new_tokens"], max_iterations=iterations,

@@ -33,9 +33,13 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kitcli.errors import KitError
+
+if TYPE_CHECKING:
+    from kitcli.recipe.schema import ModelSpec
+    from kitcli.recipe.unsloth_spec import UnslothSpec
 
 # recipe key -> the environment variable Unsloth reads for it
 SPEED_PATHS = {"sequence_packing": "UNSLOTH_GRPO_SEQ_PACKING", "shared_prefix_attention": "UNSLOTH_GRPO_PREFIX_GROUPER"}
@@ -144,7 +148,7 @@ def repair_pad_token(loaded, where: str, log=print, label: str = "") -> dict[str
     return change
 
 
-def check_pad_token(model: dict[str, Any], where: str) -> None:
+def check_pad_token(model: ModelSpec, where: str) -> None:
     """Before anything loads: the refusal `repair_pad_token` would give, from the tokenizer files alone, where they
     are on disk and the loader is not Unsloth's GPU loader (which repairs a pad = EOS itself, adding a token)."""
     import json
@@ -152,8 +156,8 @@ def check_pad_token(model: dict[str, Any], where: str) -> None:
 
     from kitcli.models.backend import choose_backend, uncached_hub_model
 
-    name = model["name"]
-    if choose_backend(model["backend"]) == "unsloth-gpu" or uncached_hub_model(name):
+    name = model.name
+    if choose_backend(model.backend) == "unsloth-gpu" or uncached_hub_model(name):
         return
     if name == "tiny":
         from kitcli.models.tiny import ensure_tiny_model
@@ -173,10 +177,10 @@ def check_pad_token(model: dict[str, Any], where: str) -> None:
         raise pad_refusal(where, tokenizer)
 
 
-def preflight(model: dict[str, Any], chosen: dict[str, Any] | None, where: str, log=print) -> None:
+def preflight(model: ModelSpec, chosen: UnslothSpec | None, where: str, log=print) -> None:
     """At a GRPO / GSPO stage's describe, before anything loads: with Unsloth's trainer, a pad token it cannot
     repair stops the stage; with TRL's, an `unsloth:` key that turns a path off is named as doing nothing."""
-    from kitcli.training.trainers import family
+    from kitcli.training.trainer_classes import family
 
     if family() == "unsloth":
         check_pad_token(model, where)
@@ -193,12 +197,16 @@ def environment_allows(path: str) -> bool:
     return value is None or value.lower() not in OFF_VALUES
 
 
-def settings_of(chosen: dict[str, Any] | None) -> dict[str, str]:
-    """Each speed path's setting for a stage's `unsloth:` mapping: "on" (Unsloth decides), or "off (why)"."""
-    chosen = chosen or {}
+def turned_on(chosen: UnslothSpec | None, path: str) -> bool:
+    """Whether a stage's `unsloth:` section (None: a stage without one) leaves a speed path to Unsloth."""
+    return chosen is None or bool(getattr(chosen, path))
+
+
+def settings_of(chosen: UnslothSpec | None) -> dict[str, str]:
+    """Each speed path's setting for a stage's `unsloth:` section: "on" (Unsloth decides), or "off (why)"."""
     out: dict[str, str] = {}
     for path, variable in SPEED_PATHS.items():
-        if not chosen.get(path, True):
+        if not turned_on(chosen, path):
             out[path] = "off (recipe)"
         elif not environment_allows(path):
             out[path] = f"off ({variable}={os.environ[variable]} in the environment)"
@@ -209,9 +217,9 @@ def settings_of(chosen: dict[str, Any] | None) -> dict[str, str]:
     return out
 
 
-def ignored_settings(chosen: dict[str, Any] | None) -> str | None:
+def ignored_settings(chosen: UnslothSpec | None) -> str | None:
     """The note for a stage whose `unsloth:` keys turn a path off where TRL's GRPOTrainer trains (no speed paths)."""
-    off = [path for path in SPEED_PATHS if not (chosen or {}).get(path, True)]
+    off = [path for path in SPEED_PATHS if not turned_on(chosen, path)]
     if not off:
         return None
     return (f"unsloth: {', '.join(f'{path}: false' for path in off)} does nothing here: this stage trains with TRL's "
@@ -310,10 +318,10 @@ def wrap_accumulated_loss(module) -> None:
 
 # --- one trainer ----------------------------------------------------------------------------------------------------
 
-def attach(trainer, chosen: dict[str, Any] | None, where: str, log=print, label: str = "") -> None:
+def attach(trainer, chosen: UnslothSpec | None, where: str, log=print, label: str = "") -> None:
     """After a GRPO-kind trainer is built: for Unsloth's, the token-weighted `kl`, the stage's speed-path settings
     and their record; for TRL's, the record that it has none."""
-    from kitcli.training.trainers import is_unsloth_class
+    from kitcli.training.trainer_classes import is_unsloth_class
 
     if not is_unsloth_class(type(trainer)):
         trainer.kit_grpo_record = {"kl_metric": TOKEN_WEIGHTED_KL, "speed_paths": {
