@@ -116,6 +116,6 @@ def test_kit_check_measures_the_lengths_of_every_sample(tmp_path, stage_type):
     findings = check_recipe(load_recipe(str(write_recipe(tmp_path / "r.yaml", stages))))
     topics = {f.topic for f in findings if f.stage == "x"}
     expected = {"prompts": {"prompt + 256 new tokens", "prompt + 64 new tokens", "prompt + 32 new tokens"},
-                "text": {"whole rows"}, "pairs": {"prompt + chosen", "prompt + completion"}}[spec.rows_shape]
+                "text": {"whole rows"}, "pairs": {"prompt + chosen", "prompt + completion"}}[spec.rows.shape]
     assert topics & expected, [f.line() for f in findings]
     assert not any("no length check" in f.verdict for f in findings)

@@ -44,7 +44,7 @@ STAGE = '''
 from typing import ClassVar, Literal
 
 from kitcli.recipe.schema import TrainingSection
-from kitcli.recipe.stage_spec import StageSpec
+from kitcli.recipe.stage_spec import Display, Rows, StageSpec
 
 
 class NudgeSection(TrainingSection):
@@ -82,7 +82,7 @@ def run(ctx):
 
 SPEC = StageSpec(type="nudge", module=__name__, section=NudgeSection, summary="SFT with a scaled loss",
                  output="policy", trainer="kit_nudge.trainer:NudgeTrainer", config="kit_nudge.config:NudgeConfig",
-                 rows_shape="text", metrics=(("loss", "loss"),))
+                 rows=Rows(shape="text"), display=Display(metrics=(("loss", "loss"),)))
 '''
 
 

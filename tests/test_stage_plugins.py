@@ -21,7 +21,7 @@ from pydantic import Field
 from kitcli.data.rows import read_rows
 from kitcli.display.dashboard import StageDashboard
 from kitcli.recipe.schema import DataSpec, StageSection
-from kitcli.recipe.stage_spec import StageSpec
+from kitcli.recipe.stage_spec import Display, StageSpec
 
 
 class CountSection(StageSection):
@@ -47,7 +47,8 @@ def run(ctx):
 
 
 SPEC = StageSpec(type="count", module=__name__, section=CountSection, summary="count the rows of a dataset",
-                 output="none", metrics=(("counted", "counted"),), panels=(("rows counted", "rows", ("counted",)),))
+                 output="none", display=Display(metrics=(("counted", "counted"),),
+                                                panels=(("rows counted", "rows", ("counted",)),)))
 '''
 
 

@@ -113,7 +113,7 @@ def filter_rows(recipe: str, stage: str, output: Path, run_dir: str | None, over
     if why_not:
         raise KitError(f"{ctx.where}: {why_not}")
     rewards = load_rewards(spec.rewards, loaded.base_dir, f"{ctx.where}: rewards")
-    rows = spec.spec.rows(ctx)
+    rows = spec.spec.rows.read(ctx)
     with libraries.library_output():
         policy = load_stage_policy(ctx.model, lora=None, seed=ctx.seed, init_from=init_dir, trainable=False,
                                    log=ctx.log, label="starting policy")

@@ -64,7 +64,7 @@ def stage_rows(ctx, stage) -> list[dict[str, Any]]:
     """The rows as the stage sees them (its spec's `rows`, e.g. with a system prompt), else as read."""
     from kitcli.data.rows import read_rows, require_columns
 
-    reader = stage.spec.rows
+    reader = stage.spec.rows.read
     if reader is not None:
         return reader(ctx)
     rows = read_rows(stage.data, ctx.where)

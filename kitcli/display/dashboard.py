@@ -107,7 +107,7 @@ def is_number(value: Any) -> bool:
 
 def stage_metrics(spec) -> tuple[tuple[str, str], ...] | None:
     """(logged key, label) pairs a stage type (its StageSpec) shows; None for none (every number is shown)."""
-    return spec.metrics if spec is not None and spec.metrics else None
+    return spec.display.metrics if spec is not None and spec.display.metrics else None
 
 
 def shown_metrics(logs: dict[str, Any], spec) -> list[tuple[str, str]]:

@@ -222,14 +222,14 @@ def stage_panels(stage_type: str, rows: list[dict[str, Any]]) -> list[tuple[str,
     """The panels to draw for a stage: its type's curves that were logged, else every numeric metric."""
     spec = stage_types.specs().get(stage_type)
     panels = []
-    for title, ylabel, patterns in spec.panels if spec is not None else ():
+    for title, ylabel, patterns in spec.display.panels if spec is not None else ():
         keys = [k for p in patterns for k in matching_keys(p, rows) if series(rows, k)[1]]
         if keys:
             panels.append((title, ylabel, keys))
     held_out = [k for k in matching_keys("eval/*", rows) if k != "eval/seconds" and series(rows, k)[1]]
     if held_out and panels:  # `eval:` (kitcli/training/held_out.py): beside the first training curve
         panels.insert(1, ("held-out evaluation against step", "score", held_out))
-    if panels or (spec is not None and spec.panels):
+    if panels or (spec is not None and spec.display.panels):
         return panels
     numeric = []
     for row in rows:

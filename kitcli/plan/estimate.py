@@ -138,7 +138,8 @@ def estimate(arch: Architecture, s: Settings, gpu_bytes: float | None = None) ->
 
     # the stage type says whether it trains against a frozen reference (DPO, KTO: always; GRPO-style: with a KL
     # term); a critic stage keeps its own (below)
-    needs_reference = (s.spec.reference == "always" or (s.spec.reference == "beta" and s.beta > 0)) and not s.critic
+    reference = s.spec.memory.reference
+    needs_reference = (reference == "always" or (reference == "beta" and s.beta > 0)) and not s.critic
     if needs_reference:
         if s.lora_r is None:
             parts.append(Component("reference model (full copy)", weight_bytes(arch, False, s.dtype_bytes),

@@ -97,7 +97,7 @@ class Settings:
     @property
     def memory_settings(self) -> tuple[str, ...]:
         """The `train:` fields that decide its memory."""
-        return self.spec.memory_settings
+        return self.spec.memory.settings
 
 
 def has_critic(spec) -> bool:
@@ -164,7 +164,7 @@ def stage_settings(recipe, stage, backend: str) -> Settings:
         gradient_accumulation_steps=int(values.get("gradient_accumulation_steps", 1)),
         seq_len=int(values.get("max_length") or seq), gradient_checkpointing=bool(values.get(
             "gradient_checkpointing", True)), beta=float(values.get("beta") or 0.0),
-        frozen_model=spec.frozen_model(plan_context(recipe, stage)) if spec.frozen_model is not None else None,
+        frozen_model=spec.memory.frozen_model(plan_context(recipe, stage)) if spec.memory.frozen_model else None,
     )
     if spec.rl:
         completion = int(values["max_completion_length"])

@@ -2,9 +2,10 @@
 
 A stage type's module (`kitcli/stages/<type>.py`, or a plugin's, docs/extending.md) holds everything the kit knows
 about it: its recipe section, the trainer and config classes it builds (wherever they live: `trl.trainer`,
-`trl.experimental`, a plugin package), how its rows reach the model, whether it trains against a reference, what a
-resume restores. `kit check`, `kit plan`, the runner and the displays ask these fields; none of them keeps a table
-of stage types or compares a type's name.
+`trl.experimental`, a plugin package), how its rows reach the model, what it costs in memory, what a resume
+restores, how it is shown. `kit check`, `kit plan`, the runner and the displays ask these fields; none of them keeps
+a table of stage types or compares a type's name. What belongs together is one small dataclass: `Rows` (how its
+rows reach the model), `Memory` (what `kit plan` counts), `Resume`, `Display`, `Launcher`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,54 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 RESUMED = "every adapter's weights, the optimizer, the scheduler, the RNG states and the data position"
+
+
+@dataclass(frozen=True)
+class Rows:
+    """How a stage type's rows reach the model: what `kit check` measures and the dry run shows."""
+
+    # "prompts" (it generates the rest: prompt + room for new tokens), "text" (supervised targets: whole rows, and the
+    # stop token after a reply), "pairs" (prompt + chosen / rejected / completion). None: kit check has no length
+    # check for it, and says so.
+    shape: Literal["prompts", "text", "pairs"] | None = None
+    read: Callable[[Any], list[dict[str, Any]]] | None = None  # its prompts as it reads them: (StageContext) -> rows
+    as_trained: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None  # file rows -> trainer rows
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What decides a stage type's memory: `kit plan` counts it, an out-of-memory error names the settings."""
+
+    settings: tuple[str, ...] = ()  # the train: fields that decide it
+    reference: Literal["always", "beta", "never"] = "never"  # a frozen reference: always, when train.beta > 0, never
+    # A second, frozen model it loads beside the policy (a distillation teacher): (StageContext) -> the model name or
+    # path whose architecture it has (the recipe's model.name for an adapter an earlier stage trained). kit plan
+    # counts its weights and its forward pass.
+    frozen_model: Callable[[Any], str] | None = None
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What a stage's checkpoint holds and a resume restores (for DONE and the report)."""
+
+    restores: str = RESUMED
+    files: tuple[str, ...] = ()  # what its own checkpoints hold (none: a trainer stage's, transformers' set)
+
+
+@dataclass(frozen=True)
+class Display:
+    """How a stage type is shown: the dashboard's metrics and the report's figures."""
+
+    metrics: tuple[tuple[str, str], ...] = ()  # (logged key, dashboard label); `*` matches part of a key
+    panels: tuple[tuple[str, str, tuple[str, ...]], ...] = ()  # report figures: (title, y label, keys)
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """Whether a stage type runs under `kit run --launcher` (N processes)."""
+
+    runs: str | None = None  # how it runs there; None: it does not
+    refusal: str = ""  # why not
 
 
 @dataclass(frozen=True)
@@ -30,41 +79,23 @@ class StageSpec:
     # that module), an experimental one or a plugin's. None: its own loop (PPO), or no training (eval).
     trainer: str | None = None
     config: str | None = None
-    # How its rows reach the model, which decides what `kit check` measures: "prompts" (it generates the rest:
-    # prompt + room for new tokens), "text" (supervised targets: whole rows, and the stop token after a reply),
-    # "pairs" (prompt + chosen / rejected / completion). None: kit check has no length check for it, and says so.
-    rows_shape: Literal["prompts", "text", "pairs"] | None = None
+    rows: Rows = field(default_factory=Rows)
     groups: bool = False  # samples a group of completions per prompt (num_generations): batch and signal checks
-    reference: Literal["always", "beta", "never"] = "never"  # a frozen reference: always, when train.beta > 0, never
-    # A second, frozen model it loads beside the policy (a distillation teacher): (StageContext) -> the model name or
-    # path whose architecture it has (the recipe's model.name for an adapter an earlier stage trained). kit plan
-    # counts its weights and its forward pass.
-    frozen_model: Callable[[Any], str] | None = None
-    as_trained: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None  # file rows -> trainer rows
-    refused_keys: dict[str, str] = field(default_factory=dict)  # why it has no such key (e.g. "tools": ...)
-    resume_restores: str = RESUMED  # what a resume restores, for DONE and the report
-    metrics: tuple[tuple[str, str], ...] = ()  # (logged key, dashboard label); `*` matches part of a key
-    panels: tuple[tuple[str, str, tuple[str, ...]], ...] = ()  # report figures: (title, y label, keys)
     rl: bool = False  # samples completions while training (dashboard samples, RL alarms)
     evaluates: bool = False  # scores a model (its DONE holds the scores the before/after table shows)
-    launcher: str | None = None  # how it runs under `kit run --launcher`; None: it does not
-    launcher_refusal: str = ""  # why not
-    memory_settings: tuple[str, ...] = ()  # train: fields that decide its memory (named on out-of-memory)
+    memory: Memory = field(default_factory=Memory)
+    resume: Resume = field(default_factory=Resume)
+    display: Display = field(default_factory=Display)
+    launcher: Launcher = field(default_factory=Launcher)
+    refused_keys: dict[str, str] = field(default_factory=dict)  # why it has no such key (e.g. "tools": ...)
     defaults: Callable[..., dict[str, Any]] | None = None  # its config defaults: (StageContext, on_gpu=None) -> dict
-    rows: Callable[[Any], list[dict[str, Any]]] | None = None  # its prompts as it reads them (RL stages)
-    checkpoint_files: tuple[str, ...] = ()  # what its own checkpoints hold (trainer stages: transformers' set)
     order: int = 200  # where it is listed (help, messages, schemas): the kit's own in pipeline order, plugins after
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """The section knows its spec (`stage.spec` of a validated stage): its `train:` check reads the config class
         from it, and whoever holds a typed stage asks it what the type is."""
         self.section.spec = self
         _declared[self.type] = self
-
-    @property
-    def trainer_name(self) -> str | None:
-        return self.trainer.rsplit(":", 1)[1] if self.trainer else None
 
     @property
     def config_name(self) -> str | None:

@@ -109,11 +109,11 @@ def stage_rows(ctx: StageContext) -> list[dict[str, Any]] | None:
     if spec is None or not Path(spec.path).is_file():
         return None
     kind = ctx.spec
-    if kind.rows is not None:
-        return kind.rows(ctx)
+    if kind.rows.read is not None:
+        return kind.rows.read(ctx)
     rows = read_rows(spec, ctx.where)
-    if kind.as_trained is not None:  # e.g. KTO unpairs pairs
-        rows = kind.as_trained(rows)
+    if kind.rows.as_trained is not None:  # e.g. KTO unpairs pairs
+        rows = kind.rows.as_trained(rows)
     keys = ("prompt", "completion", "chosen", "rejected", "messages", "text", "answer", "tools")
     rows = [{k: r[k] for k in keys if k in r} for r in rows]
     system = declared(ctx.stage, "system_prompt")
@@ -187,11 +187,11 @@ def length_findings(ctx: StageContext, rows: list[dict[str, Any]], values: dict[
                     generation: dict[str, Any] | None) -> list[Finding]:
     stage, seq = ctx.name, ctx.model.max_seq_length
     spec = ctx.spec
-    shape, evaluates = spec.rows_shape, spec.evaluates
+    shape, evaluates = spec.rows.shape, spec.evaluates
     if shape is None:
         return [Finding(stage, "lengths", "warn", f"stage type '{spec.type}'",
-                        "kit check has no length check for this stage type (its StageSpec sets no rows_shape), so "
-                        "nothing says whether its rows fit; see docs/extending.md")]
+                        "kit check has no length check for this stage type (its StageSpec gives no "
+                        "rows=Rows(shape=...)), so nothing says whether its rows fit; see docs/extending.md")]
     found: list[Finding] = []
     prompts = render.counts([render.prompt(r["prompt"], row_schemas(r)) for r in rows if "prompt" in r])
     if shape == "prompts":
@@ -268,7 +268,7 @@ def template_findings(ctx: StageContext, rows: list[dict[str, Any]], render: Ren
         elif tags:
             found.append(Finding(stage, "generation prompt", "info", f"ends with <{tags[0]}>",
                                  f"completions start inside <{tags[0]}>"))
-    if ctx.spec.rows_shape == "text":  # supervised targets: the reply must end in a stop
+    if ctx.spec.rows.shape == "text":  # supervised targets: the reply must end in a stop
         stops = stop_tokens(tokenizer)
         after = reply_end(first, render)
         present = [s for s in stops if s and s in after]

@@ -46,9 +46,9 @@ def formatted_example(recipe: Recipe, stage) -> str | None:
         return None
     row = read_rows(spec.model_copy(update={"limit": 1}), stage.name)[0]
     kind = stage.spec
-    if kind.as_trained is not None:  # e.g. KTO unpairs a pair: its first row is (prompt, chosen, true)
-        row = kind.as_trained([row])[0]
-    generates = kind.rows_shape == "prompts"  # the model sees the prompt only and writes the rest itself
+    if kind.rows.as_trained is not None:  # e.g. KTO unpairs a pair: its first row is (prompt, chosen, true)
+        row = kind.rows.as_trained([row])[0]
+    generates = kind.rows.shape == "prompts"  # the model sees the prompt only and writes the rest itself
     keys = [k for k in (("prompt",) if generates else ("prompt", "completion", "chosen", "rejected", "messages",
                                                          "text")) if k in row]
     row = apply_system_prompt([{k: row[k] for k in keys}], declared(stage, "system_prompt"), stage.name, spec.path)[0]

@@ -67,8 +67,8 @@ def check_request(recipe, *, num_processes: int, deepspeed: str | None, fsdp: bo
                            f"--num-processes {num_processes} but no CUDA device is visible; add --cpu to run the "
                            f"processes on CPU (gloo), or run on a machine with {num_processes} GPUs")
     for stage in recipe.stages:
-        if stage.spec.launcher is None:
-            why = stage.spec.launcher_refusal or "it does not run under --launcher"
+        if stage.spec.launcher.runs is None:
+            why = stage.spec.launcher.refusal or "it does not run under --launcher"
             raise KitError(f"{recipe.source}: stage '{stage.name}': {why}")
     sharded = (deepspeed == "zero3") or fsdp
     four_bit = recipe.model.load_in_4bit is not False and not cpu  # unset: 4-bit on GPUs

@@ -125,7 +125,7 @@ def resumed_note(checkpoint: str, spec, finished: bool = False) -> str:
     if finished:  # kitcli/training/finished.py: the weights and the Trainer's state, nothing left to train
         return (f"resumed from {checkpoint} (step {checkpoint.rsplit('-', 1)[-1]}), where it had finished training: "
                 f"restored its weights and state, and did only its end work")
-    restored = spec.resume_restores
+    restored = spec.resume.restores
     return f"resumed from {checkpoint} (step {checkpoint.rsplit('-', 1)[-1]}): restored {restored}"
 
 
@@ -159,7 +159,7 @@ def check_resumable_stages(recipe: Recipe, run_dir: Path, existing: dict[str, An
         checkpoint = last_checkpoint(ctx.stage_dir)
         if checkpoint is None or ctx.dir.done() is not None:
             continue
-        check_files(checkpoint, required_files(ctx.spec.checkpoint_files, checkpoint))
+        check_files(checkpoint, required_files(ctx.spec.resume.files, checkpoint))
         before = without_volatile((existing.get("resolved") or {}).get(ctx.name))
         now = without_volatile(lock["resolved"][ctx.name])
         differs = first_difference(before, now) if before is not None else None
@@ -365,7 +365,7 @@ def run_stage(ctx: StageContext) -> dict[str, Any]:
 
 def out_of_memory(ctx: StageContext) -> KitError:
     train = declared(ctx.stage, "train") or {}
-    settings = ", ".join(f"{k}={train[k]}" for k in ctx.spec.memory_settings if k in train) or \
+    settings = ", ".join(f"{k}={train[k]}" for k in ctx.spec.memory.settings if k in train) or \
         "the stage's train settings"
     rank = ctx.lora.r if ctx.lora is not None else None
     return KitError(f"stage '{ctx.name}' ran out of GPU memory ({settings}; lora.r={rank}, "

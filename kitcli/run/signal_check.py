@@ -103,7 +103,7 @@ def stage_signal(ctx: StageContext, prompts: int, log) -> tuple[list[Finding], d
     k = spec.k if spec is not None else values["num_generations"]
     names = [r.name for r in ctx.stage.rewards]
     rule = pass_rule(rewards, spec, ctx.where, names, required=spec is not None)
-    rows = ctx.spec.rows(ctx)[:prompts]
+    rows = ctx.spec.rows.read(ctx)[:prompts]
     sampling, max_new_tokens = sampling_settings(values)
     loaded = load_stage_policy(ctx.model, lora=None, seed=ctx.seed, init_from=init_dir, trainable=False, log=log,
                                label="starting policy")

@@ -52,7 +52,7 @@ from kitcli.models.backend import cuda_available, load_stage_policy, save_model
 from kitcli.recipe.config_fields import AT_LEAST_ONE, FRACTION, NOT_NEGATIVE, POSITIVE, TRAINING_RANGES, Range
 from kitcli.recipe.schema import RESERVED_TRAIN, Section, TrainingSection, base_dir_of, fail, resolve_model_name
 from kitcli.recipe.stage_context import StageContext
-from kitcli.recipe.stage_spec import StageSpec
+from kitcli.recipe.stage_spec import Display, Launcher, Memory, Rows, StageSpec
 from kitcli.stages.grpo import load_rows
 from kitcli.stages.steps import checkpoint_to_resume, plan_held_out
 from kitcli.training import trainers
@@ -382,16 +382,17 @@ SPEC = StageSpec(
     summary="TRL DistillationTrainer: the student samples and learns a frozen teacher's next-token distribution "
             "(generalised JSD: forward KL, JSD, reverse KL)",
     output="policy", init_from=("policy",), trainer="trl.trainer.distillation_trainer:DistillationTrainer",
-    config="trl.trainer.distillation_config:DistillationConfig", rows_shape="prompts", rl=True, reference="never",
-    frozen_model=teacher_name, rows=load_rows,
+    config="trl.trainer.distillation_config:DistillationConfig", rows=Rows(shape="prompts", read=load_rows), rl=True,
+    memory=Memory(settings=("per_device_train_batch_size", "gradient_accumulation_steps", "max_completion_length"),
+                  reference="never", frozen_model=teacher_name),
     refused_keys={"tools": "the kit gives TRL's DistillationTrainer no tools yet"},
-    metrics=(("loss", "divergence"), ("entropy", "entropy"), ("completions/mean_length", "length"),
-             ("completions/clipped_ratio", "clipped"), ("learning_rate", "lr")),
-    panels=(("divergence to the teacher", "divergence per token", ("loss",)),
-            ("student entropy", "nats per token", ("entropy",)),
-            ("completion length", "tokens", ("completions/mean_length", "completions/min_length",
-                                             "completions/max_length")),
-            ("truncated completions (hit max_completion_length)", "fraction", ("completions/clipped_ratio",))),
-    launcher=None, launcher_refusal="distillation has not been run under a launcher yet; run it as one process",
-    memory_settings=("per_device_train_batch_size", "gradient_accumulation_steps", "max_completion_length"),
+    display=Display(
+        metrics=(("loss", "divergence"), ("entropy", "entropy"), ("completions/mean_length", "length"),
+                 ("completions/clipped_ratio", "clipped"), ("learning_rate", "lr")),
+        panels=(("divergence to the teacher", "divergence per token", ("loss",)),
+                ("student entropy", "nats per token", ("entropy",)),
+                ("completion length", "tokens", ("completions/mean_length", "completions/min_length",
+                                                 "completions/max_length")),
+                ("truncated completions (hit max_completion_length)", "fraction", ("completions/clipped_ratio",)))),
+    launcher=Launcher(refusal="distillation has not been run under a launcher yet; run it as one process"),
     defaults=stage_defaults)

@@ -35,7 +35,7 @@ from kitcli.errors import KitError
 from kitcli.models.backend import cuda_available, is_peft_model, load_stage_policy, save_model
 from kitcli.recipe.config_fields import Range, TypeSpec, union
 from kitcli.recipe.stage_context import StageContext
-from kitcli.recipe.stage_spec import StageSpec
+from kitcli.recipe.stage_spec import Display, Launcher, Memory, Rows, StageSpec
 from kitcli.stages.pairs import PreferenceSection, describe_data, final_evaluation, has_eval, train_eval_rows
 from kitcli.stages.steps import checkpoint_to_resume, plan_held_out
 from kitcli.training import trainers
@@ -125,7 +125,7 @@ def build_trainer(ctx: StageContext, config=None):
     loaded = load_stage_policy(ctx.model, lora=ctx.lora, seed=ctx.seed, init_from=ctx.init_dir,
                                log=ctx.log)
     trainer, reference = trainers.build_trainer(
-        "dpo", loaded, args=config, reference=True, ref_model=None, train_dataset=to_dataset(train_rows),
+        ctx.spec, loaded, args=config, reference=True, ref_model=None, train_dataset=to_dataset(train_rows),
         eval_dataset=to_dataset(eval_rows) if eval_rows else None, processing_class=loaded.tokenizer,
         log=ctx.log, label=ctx.name, where=ctx.where)
     return trainer, loaded, reference
@@ -172,13 +172,15 @@ SPEC = StageSpec(
     type="dpo", order=30, module=__name__, section=DPOSection,
     summary="TRL DPOTrainer, sigmoid loss, against a frozen copy of the starting policy",
     output="policy", init_from=("policy",), trainer="trl.trainer.dpo_trainer:DPOTrainer",
-    config="trl.trainer.dpo_config:DPOConfig", rows_shape="pairs", reference="always",
-    metrics=(("loss", "loss"), ("rewards/margins", "margin"), ("rewards/accuracies", "accuracy"),
-             ("rewards/chosen", "chosen"), ("rewards/rejected", "rejected"), ("learning_rate", "lr")),
-    panels=(("loss", "loss", ("loss", "eval_loss")),
-            ("reward margin", "margin", ("rewards/margins", "eval_rewards/margins")),
-            ("reward accuracy", "accuracy", ("rewards/accuracies", "eval_rewards/accuracies")),
-            ("implicit rewards", "reward", ("rewards/chosen", "rewards/rejected"))),
-    launcher="data parallel (TRL DPOTrainer)",
-    memory_settings=("per_device_train_batch_size", "gradient_accumulation_steps", "max_length"),
+    config="trl.trainer.dpo_config:DPOConfig", rows=Rows(shape="pairs"),
+    memory=Memory(settings=("per_device_train_batch_size", "gradient_accumulation_steps", "max_length"),
+                  reference="always"),
+    display=Display(
+        metrics=(("loss", "loss"), ("rewards/margins", "margin"), ("rewards/accuracies", "accuracy"),
+                 ("rewards/chosen", "chosen"), ("rewards/rejected", "rejected"), ("learning_rate", "lr")),
+        panels=(("loss", "loss", ("loss", "eval_loss")),
+                ("reward margin", "margin", ("rewards/margins", "eval_rewards/margins")),
+                ("reward accuracy", "accuracy", ("rewards/accuracies", "eval_rewards/accuracies")),
+                ("implicit rewards", "reward", ("rewards/chosen", "rewards/rejected")))),
+    launcher=Launcher("data parallel (TRL DPOTrainer)"),
     defaults=stage_defaults)

@@ -44,7 +44,7 @@ from kitcli.errors import KitError
 from kitcli.models.backend import load_stage_policy
 from kitcli.recipe.schema import DataSpec, GenerationSpec, RewardSpec, StageSection, base_dir_of, fail
 from kitcli.recipe.stage_context import StageContext
-from kitcli.recipe.stage_spec import StageSpec
+from kitcli.recipe.stage_spec import Launcher, Rows, StageSpec
 from kitcli.recipe.tool_spec import ToolSpec
 from kitcli.training.scoring import (  # noqa: F401  (kit eval and the tests import the scoring from here too)
     GENERATION_DEFAULTS,
@@ -238,5 +238,5 @@ SPEC = StageSpec(
     type="eval", order=100, module=__name__, section=EvalSection,
     summary="greedy (or n-sample) generation on a held-out file: exact match, pass@k, reward means; or "
             "lm-evaluation-harness tasks",
-    output="none", init_from=("policy",), evaluates=True, rows_shape="prompts",
-    launcher="main process only (the others wait)")
+    output="none", init_from=("policy",), evaluates=True, rows=Rows(shape="prompts"),
+    launcher=Launcher("main process only (the others wait)"))

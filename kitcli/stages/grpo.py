@@ -61,7 +61,7 @@ from kitcli.models.backend import cuda_available, load_stage_policy, save_model
 from kitcli.recipe.config_fields import AT_LEAST_ONE, FRACTION, NOT_NEGATIVE, POSITIVE, TRAINING_RANGES, Range
 from kitcli.recipe.schema import RESERVED_TRAIN, declared
 from kitcli.recipe.stage_context import StageContext
-from kitcli.recipe.stage_spec import StageSpec
+from kitcli.recipe.stage_spec import Display, Launcher, Memory, Rows, StageSpec
 from kitcli.recipe.unsloth_spec import UnslothSpec, unsloth_field
 from kitcli.stages.generation_batches import check_group_sizes, check_save_steps, generation_cycle
 from kitcli.stages.steps import checkpoint_to_resume, plan_held_out
@@ -402,30 +402,31 @@ def run(ctx: StageContext) -> dict[str, Any]:
     return train_stage(ctx, VARIANTS[variant], {"variant": variant})
 
 
-RL_METRICS = (("reward", "reward"), ("rewards/*/mean", "*"), ("reward_std", "reward_std"),
-              ("frac_reward_zero_std", "zero_std_frac"), ("kl", "kl"), ("clip_ratio/region_mean", "clip_ratio"),
-              ("completions/mean_length", "length"), ("entropy", "entropy"),
-              ("tools/call_frequency", "tool_calls"), ("tools/failure_frequency", "tool_failures"))  # with tools:
-RL_PANELS = (("reward", "mean reward", ("reward", "rewards/*/mean")),
-             ("reward spread", "value", ("reward_std", "frac_reward_zero_std")),
-             ("KL to the reference", "KL", ("kl",)),
-             ("completion length", "tokens", ("completions/mean_length", "completions/min_length",
-                                              "completions/max_length")),
-             ("entropy", "nats per token", ("entropy",)),
-             ("clipped importance ratios", "fraction of tokens", ("clip_ratio/region_mean", "clip_ratio/low_mean",
-                                                                 "clip_ratio/high_mean")),
-             ("truncated completions (hit max_completion_length)", "fraction", ("completions/clipped_ratio",)),
-             ("tool calls", "per completion; failed share", ("tools/call_frequency", "tools/failure_frequency")),
-             ("loss", "loss", ("loss",)))
-RL_MEMORY = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations", "generation_batch_size",
-             "max_completion_length")
+# How the sampling stages (GRPO, GSPO, RLOO) are shown and what decides their memory.
+RL_DISPLAY = Display(
+    metrics=(("reward", "reward"), ("rewards/*/mean", "*"), ("reward_std", "reward_std"),
+             ("frac_reward_zero_std", "zero_std_frac"), ("kl", "kl"), ("clip_ratio/region_mean", "clip_ratio"),
+             ("completions/mean_length", "length"), ("entropy", "entropy"),
+             ("tools/call_frequency", "tool_calls"), ("tools/failure_frequency", "tool_failures")),  # with tools:
+    panels=(("reward", "mean reward", ("reward", "rewards/*/mean")),
+            ("reward spread", "value", ("reward_std", "frac_reward_zero_std")),
+            ("KL to the reference", "KL", ("kl",)),
+            ("completion length", "tokens", ("completions/mean_length", "completions/min_length",
+                                             "completions/max_length")),
+            ("entropy", "nats per token", ("entropy",)),
+            ("clipped importance ratios", "fraction of tokens", ("clip_ratio/region_mean", "clip_ratio/low_mean",
+                                                                "clip_ratio/high_mean")),
+            ("truncated completions (hit max_completion_length)", "fraction", ("completions/clipped_ratio",)),
+            ("tool calls", "per completion; failed share", ("tools/call_frequency", "tools/failure_frequency")),
+            ("loss", "loss", ("loss",))))
+RL_MEMORY = Memory(settings=("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
+                             "generation_batch_size", "max_completion_length"), reference="beta")
 
 SPEC = StageSpec(
     type="grpo", order=60, module=__name__, section=GRPOSection,
     summary="TRL GRPOTrainer with a variant preset: " + ", ".join(VARIANTS),
     output="policy", init_from=("policy",), trainer="trl.trainer.grpo_trainer:GRPOTrainer",
-    config="trl.trainer.grpo_config:GRPOConfig", metrics=RL_METRICS, panels=RL_PANELS, rl=True,
-    rows_shape="prompts", groups=True, reference="beta",
-    launcher="data parallel (TRL GRPOTrainer): each process generates its share of the completions",
-    memory_settings=RL_MEMORY, rows=load_rows,
+    config="trl.trainer.grpo_config:GRPOConfig", rows=Rows(shape="prompts", read=load_rows), groups=True, rl=True,
+    memory=RL_MEMORY, display=RL_DISPLAY,
+    launcher=Launcher("data parallel (TRL GRPOTrainer): each process generates its share of the completions"),
     defaults=lambda ctx, on_gpu=None: stage_defaults(ctx, VARIANTS[variant_name(ctx)], on_gpu))

@@ -42,7 +42,7 @@ from kitcli import dist
 from kitcli.errors import KitError
 from kitcli.recipe.schema import RESERVED_TRAIN
 from kitcli.recipe.stage_context import StageContext
-from kitcli.recipe.stage_spec import StageSpec
+from kitcli.recipe.stage_spec import Launcher, Rows, StageSpec
 from kitcli.recipe.unsloth_spec import UnslothSpec, unsloth_field
 from kitcli.stages import grpo
 from kitcli.training.tool_use import ToolsSection
@@ -122,7 +122,6 @@ SPEC = StageSpec(
     type="gspo", order=70, module=__name__, section=GSPOSection,
     summary="GRPO with importance_sampling_level sequence and the paper's configuration (variant gspo or luspo)",
     output="policy", init_from=("policy",), trainer="trl.trainer.grpo_trainer:GRPOTrainer",
-    config="trl.trainer.grpo_config:GRPOConfig", metrics=grpo.RL_METRICS, panels=grpo.RL_PANELS, rl=True,
-    rows_shape="prompts", groups=True, reference="beta",
-    launcher="data parallel (TRL GRPOTrainer)", memory_settings=grpo.RL_MEMORY,
-    defaults=lambda ctx, on_gpu=None: grpo.stage_defaults(ctx, preset(ctx), on_gpu), rows=grpo.load_rows)
+    config="trl.trainer.grpo_config:GRPOConfig", rows=Rows(shape="prompts", read=grpo.load_rows), groups=True,
+    rl=True, memory=grpo.RL_MEMORY, display=grpo.RL_DISPLAY, launcher=Launcher("data parallel (TRL GRPOTrainer)"),
+    defaults=lambda ctx, on_gpu=None: grpo.stage_defaults(ctx, preset(ctx), on_gpu))

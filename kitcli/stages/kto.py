@@ -60,7 +60,7 @@ from kitcli.errors import KitError
 from kitcli.models.backend import cuda_available, is_peft_model, load_stage_policy, save_model
 from kitcli.recipe.config_fields import POSITIVE, Range
 from kitcli.recipe.stage_context import StageContext
-from kitcli.recipe.stage_spec import StageSpec
+from kitcli.recipe.stage_spec import Display, Launcher, Memory, Rows, StageSpec
 from kitcli.stages.dpo import several_passes
 from kitcli.stages.pairs import PreferenceSection, check_pair, eval_fraction, final_evaluation, has_eval, on_disk
 from kitcli.stages.steps import checkpoint_to_resume, plan_held_out
@@ -322,7 +322,7 @@ def build_trainer(ctx: StageContext, config=None):
     loaded = load_stage_policy(ctx.model, lora=ctx.lora, seed=ctx.seed, init_from=ctx.init_dir,
                                log=ctx.log)
     trainer, reference = trainers.build_trainer(
-        "kto", loaded, args=config, reference=True, ref_model=None, train_dataset=to_dataset(train_rows),
+        ctx.spec, loaded, args=config, reference=True, ref_model=None, train_dataset=to_dataset(train_rows),
         eval_dataset=to_dataset(eval_rows) if eval_rows else None, processing_class=loaded.tokenizer,
         log=ctx.log, label=ctx.name, where=ctx.where)
     dropped = len(train_rows) - len(trainer.train_dataset)
@@ -377,14 +377,16 @@ SPEC = StageSpec(
     type="kto", order=40, module=__name__, section=KTOSection,
     summary="TRL KTOTrainer on thumbs-up / thumbs-down rows (or pairs it unpairs), against the starting policy",
     output="policy", init_from=("policy",), trainer="trl.trainer.kto_trainer:KTOTrainer",
-    config="trl.trainer.kto_config:KTOConfig", rows_shape="pairs", reference="always", as_trained=as_trained,
-    metrics=(("loss", "loss"), ("rewards/margins", "margin"), ("rewards/chosen", "desirable"),
-             ("rewards/rejected", "undesirable"), ("kl", "kl"), ("learning_rate", "lr")),
-    panels=(("loss", "loss", ("loss", "eval_loss")),
-            ("reward margin (desirable - undesirable)", "margin", ("rewards/margins", "eval_rewards/margins")),
-            ("implicit rewards", "reward", ("rewards/chosen", "rewards/rejected", "eval_rewards/chosen",
-                                            "eval_rewards/rejected")),
-            ("KL reference point z0", "KL", ("kl", "eval_kl"))),
-    launcher="data parallel (TRL KTOTrainer)",
-    memory_settings=("per_device_train_batch_size", "gradient_accumulation_steps", "max_length"),
+    config="trl.trainer.kto_config:KTOConfig", rows=Rows(shape="pairs", as_trained=as_trained),
+    memory=Memory(settings=("per_device_train_batch_size", "gradient_accumulation_steps", "max_length"),
+                  reference="always"),
+    display=Display(
+        metrics=(("loss", "loss"), ("rewards/margins", "margin"), ("rewards/chosen", "desirable"),
+                 ("rewards/rejected", "undesirable"), ("kl", "kl"), ("learning_rate", "lr")),
+        panels=(("loss", "loss", ("loss", "eval_loss")),
+                ("reward margin (desirable - undesirable)", "margin", ("rewards/margins", "eval_rewards/margins")),
+                ("implicit rewards", "reward", ("rewards/chosen", "rewards/rejected", "eval_rewards/chosen",
+                                                "eval_rewards/rejected")),
+                ("KL reference point z0", "KL", ("kl", "eval_kl")))),
+    launcher=Launcher("data parallel (TRL KTOTrainer)"),
     defaults=stage_defaults)

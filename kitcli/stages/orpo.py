@@ -33,7 +33,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from kitcli.recipe.stage_context import StageContext
-from kitcli.recipe.stage_spec import StageSpec
+from kitcli.recipe.stage_spec import Display, Launcher, Memory, Rows, StageSpec
 from kitcli.stages import reference_free
 
 TRACKED = (*reference_free.TRACKED, "nll_loss", "log_odds_ratio")
@@ -73,15 +73,17 @@ SPEC = StageSpec(
     type="orpo", order=50, module=__name__, section=ORPOSection,
     summary="TRL ORPOTrainer (experimental): NLL on chosen + beta * odds-ratio loss, no reference model",
     output="policy", init_from=("policy",), trainer="trl.experimental.orpo.orpo_trainer:ORPOTrainer",
-    config="trl.experimental.orpo.orpo_config:ORPOConfig", rows_shape="pairs", reference="never",
+    config="trl.experimental.orpo.orpo_config:ORPOConfig", rows=Rows(shape="pairs"),
+    memory=Memory(settings=("per_device_train_batch_size", "gradient_accumulation_steps", "max_length"),
+                  reference="never"),
     refused_keys=reference_free.REFUSED,
-    metrics=(("loss", "loss"), ("nll_loss", "nll"), ("log_odds_ratio", "log-odds"),
-             ("rewards/accuracies", "accuracy"), ("rewards/margins", "margin"), ("learning_rate", "lr")),
-    panels=(("loss", "loss", ("loss", "eval_loss")),
-            ("NLL on chosen", "nll", ("nll_loss", "eval_nll_loss")),
-            ("log sigmoid(log odds ratio)", "log sigmoid", ("log_odds_ratio", "eval_log_odds_ratio")),
-            ("reward accuracy", "accuracy", ("rewards/accuracies", "eval_rewards/accuracies")),
-            ("average log-probs", "log-prob", ("logps/chosen", "logps/rejected"))),
-    launcher=None, launcher_refusal="ORPO has not been run under a launcher yet; run it as one process",
-    memory_settings=("per_device_train_batch_size", "gradient_accumulation_steps", "max_length"),
+    display=Display(
+        metrics=(("loss", "loss"), ("nll_loss", "nll"), ("log_odds_ratio", "log-odds"),
+                 ("rewards/accuracies", "accuracy"), ("rewards/margins", "margin"), ("learning_rate", "lr")),
+        panels=(("loss", "loss", ("loss", "eval_loss")),
+                ("NLL on chosen", "nll", ("nll_loss", "eval_nll_loss")),
+                ("log sigmoid(log odds ratio)", "log sigmoid", ("log_odds_ratio", "eval_log_odds_ratio")),
+                ("reward accuracy", "accuracy", ("rewards/accuracies", "eval_rewards/accuracies")),
+                ("average log-probs", "log-prob", ("logps/chosen", "logps/rejected")))),
+    launcher=Launcher(refusal="ORPO has not been run under a launcher yet; run it as one process"),
     defaults=stage_defaults)

@@ -33,7 +33,7 @@ from kitcli.ppo.config import PPOConfig, ppo_defaults
 from kitcli.recipe.config_fields import AT_LEAST_ONE, FRACTION, NOT_NEGATIVE, POSITIVE, TRAINING_RANGES, Range
 from kitcli.recipe.schema import DataSpec, RewardedSection, fail
 from kitcli.recipe.stage_context import StageContext
-from kitcli.recipe.stage_spec import StageSpec
+from kitcli.recipe.stage_spec import Display, Launcher, Memory, Resume, Rows, StageSpec
 from kitcli.stages.steps import checkpoint_to_resume, plan_held_out
 from kitcli.training import interrupt
 from kitcli.training.held_out import HeldOut, describe_held_out, held_out_evaluator
@@ -211,23 +211,26 @@ class PPOSection(RewardedSection):
 SPEC = StageSpec(
     type="ppo", order=90, module=__name__, section=PPOSection,
     summary="RLHF with PPO, written in kit: per-token KL to the frozen reference, a critic with GAE",
-    output="policy", init_from=("policy",), rl=True, config="kitcli.ppo.config:PPOConfig", rows_shape="prompts",
-    reference="always",
-    resume_restores="the policy and critic adapters, the value head, the optimizer, the scheduler, the KL "
-                    "coefficient and the RNG states (the data position follows from the step)",
-    metrics=(("objective/scores", "score"), ("rewards/*/mean", "*"), ("objective/kl", "kl"),
-             ("objective/non_score_reward", "non_score"), ("loss/policy", "pg_loss"), ("loss/value", "vf_loss"),
-             ("policy/entropy", "entropy"), ("policy/clipfrac", "clipfrac"), ("policy/approxkl", "approxkl"),
-             ("val/explained_variance", "explained_var"), ("eval/score", "eval_score"),
-             ("eval/exact_match", "eval_exact_match")),
-    panels=(("score", "mean score", ("objective/scores", "rewards/*/mean", "objective/rlhf_reward")),
-            ("KL to the reference", "KL", ("objective/kl", "policy/approxkl")),
-            ("losses", "loss", ("loss/policy", "loss/value")),
-            ("entropy", "nats per token", ("policy/entropy",)),
-            ("clip fractions", "fraction", ("policy/clipfrac", "val/clipfrac")),
-            ("value function", "explained variance", ("val/explained_variance",)),
-            ("held-out", "score", ("eval/score", "eval/exact_match"))),
-    launcher=None, launcher_refusal="kit's PPO loop is a single-process loop (no DDP); run PPO recipes without "
-                                    "--launcher",
-    memory_settings=("per_device_train_batch_size", "num_mini_batches", "response_length"),
-    defaults=stage_defaults, checkpoint_files=CHECKPOINT_FILES, rows=load_rows)
+    output="policy", init_from=("policy",), rl=True, config="kitcli.ppo.config:PPOConfig",
+    rows=Rows(shape="prompts", read=load_rows),
+    memory=Memory(settings=("per_device_train_batch_size", "num_mini_batches", "response_length"),
+                  reference="always"),
+    resume=Resume(restores="the policy and critic adapters, the value head, the optimizer, the scheduler, the KL "
+                           "coefficient and the RNG states (the data position follows from the step)",
+                  files=CHECKPOINT_FILES),
+    display=Display(
+        metrics=(("objective/scores", "score"), ("rewards/*/mean", "*"), ("objective/kl", "kl"),
+                 ("objective/non_score_reward", "non_score"), ("loss/policy", "pg_loss"), ("loss/value", "vf_loss"),
+                 ("policy/entropy", "entropy"), ("policy/clipfrac", "clipfrac"), ("policy/approxkl", "approxkl"),
+                 ("val/explained_variance", "explained_var"), ("eval/score", "eval_score"),
+                 ("eval/exact_match", "eval_exact_match")),
+        panels=(("score", "mean score", ("objective/scores", "rewards/*/mean", "objective/rlhf_reward")),
+                ("KL to the reference", "KL", ("objective/kl", "policy/approxkl")),
+                ("losses", "loss", ("loss/policy", "loss/value")),
+                ("entropy", "nats per token", ("policy/entropy",)),
+                ("clip fractions", "fraction", ("policy/clipfrac", "val/clipfrac")),
+                ("value function", "explained variance", ("val/explained_variance",)),
+                ("held-out", "score", ("eval/score", "eval/exact_match")))),
+    launcher=Launcher(refusal="kit's PPO loop is a single-process loop (no DDP); run PPO recipes without "
+                              "--launcher"),
+    defaults=stage_defaults)

@@ -29,7 +29,7 @@ from kitcli.models.backend import cuda_available, resolve_model_path, save_model
 from kitcli.models.reward_models import load_reward_model, save_merged_reward_model
 from kitcli.recipe.config_fields import NOT_NEGATIVE, Range
 from kitcli.recipe.stage_context import StageContext
-from kitcli.recipe.stage_spec import StageSpec
+from kitcli.recipe.stage_spec import Display, Launcher, Memory, Rows, StageSpec
 from kitcli.stages.pairs import PreferenceSection, describe_data, final_evaluation, has_eval, train_eval_rows
 from kitcli.stages.steps import checkpoint_to_resume, plan_held_out
 from kitcli.training.checkpoints import record_effective_settings, train
@@ -155,11 +155,12 @@ SPEC = StageSpec(
     type="reward", order=20, module=__name__, section=RewardSection,
     summary="TRL RewardTrainer: Bradley-Terry loss on chosen/rejected pairs; saves adapter/ and merged/",
     output="scorer", init_from=("policy", "scorer"), trainer="trl.trainer.reward_trainer:RewardTrainer",
-    config="trl.trainer.reward_config:RewardConfig", rows_shape="pairs",
-    metrics=(("loss", "loss"), ("accuracy", "accuracy"), ("margin", "margin"), ("learning_rate", "lr")),
-    panels=(("loss", "loss", ("loss", "eval_loss")),
-            ("pair accuracy (r_chosen > r_rejected)", "accuracy", ("accuracy", "eval_accuracy")),
-            ("margin (r_chosen - r_rejected)", "margin", ("margin", "eval_margin"))),
-    launcher="data parallel (TRL RewardTrainer); the merged model is written by the main process",
-    memory_settings=("per_device_train_batch_size", "gradient_accumulation_steps", "max_length"),
+    config="trl.trainer.reward_config:RewardConfig", rows=Rows(shape="pairs"),
+    memory=Memory(settings=("per_device_train_batch_size", "gradient_accumulation_steps", "max_length")),
+    display=Display(
+        metrics=(("loss", "loss"), ("accuracy", "accuracy"), ("margin", "margin"), ("learning_rate", "lr")),
+        panels=(("loss", "loss", ("loss", "eval_loss")),
+                ("pair accuracy (r_chosen > r_rejected)", "accuracy", ("accuracy", "eval_accuracy")),
+                ("margin (r_chosen - r_rejected)", "margin", ("margin", "eval_margin")))),
+    launcher=Launcher("data parallel (TRL RewardTrainer); the merged model is written by the main process"),
     defaults=stage_defaults)

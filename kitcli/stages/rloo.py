@@ -57,7 +57,7 @@ from typing import Any, ClassVar, Literal
 from kitcli.recipe.filter_spec import FilteredSection
 from kitcli.recipe.schema import RESERVED_TRAIN
 from kitcli.recipe.stage_context import StageContext
-from kitcli.recipe.stage_spec import StageSpec
+from kitcli.recipe.stage_spec import Launcher, Rows, StageSpec
 from kitcli.stages import grpo
 
 
@@ -101,9 +101,8 @@ SPEC = StageSpec(
     type="rloo", order=80, module=__name__, section=RLOOSection,
     summary="TRL RLOOTrainer: REINFORCE with a leave-one-out baseline, KL to the starting policy in the reward",
     output="policy", init_from=("policy",), trainer="trl.trainer.rloo_trainer:RLOOTrainer",
-    config="trl.trainer.rloo_config:RLOOConfig", metrics=grpo.RL_METRICS, panels=grpo.RL_PANELS, rl=True,
-    rows_shape="prompts", groups=True, reference="beta",
+    config="trl.trainer.rloo_config:RLOOConfig", rows=Rows(shape="prompts", read=grpo.load_rows), groups=True,
+    rl=True, memory=grpo.RL_MEMORY, display=grpo.RL_DISPLAY,
     refused_keys={"tools": "TRL 1.15's RLOOTrainer takes no tools"},
-    launcher="data parallel (TRL RLOOTrainer): each process generates its share of the completions",
-    memory_settings=grpo.RL_MEMORY, rows=grpo.load_rows,
+    launcher=Launcher("data parallel (TRL RLOOTrainer): each process generates its share of the completions"),
     defaults=lambda ctx, on_gpu=None: grpo.stage_defaults(ctx, RLOO_PRESET, on_gpu))

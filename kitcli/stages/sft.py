@@ -15,7 +15,7 @@ from kitcli.errors import KitError
 from kitcli.models.backend import cuda_available, load_stage_policy, save_model
 from kitcli.recipe.schema import TrainingSection
 from kitcli.recipe.stage_context import StageContext
-from kitcli.recipe.stage_spec import StageSpec
+from kitcli.recipe.stage_spec import Display, Launcher, Memory, Rows, StageSpec
 from kitcli.stages.steps import checkpoint_to_resume, plan_held_out
 from kitcli.training.checkpoints import record_effective_settings, train
 from kitcli.training.held_out import attach_held_out, describe_held_out
@@ -130,10 +130,10 @@ SPEC = StageSpec(
     type="sft", order=10, module=__name__, section=SFTSection,
     summary="TRL SFTTrainer on prompt/completion, messages or text",
     output="policy", init_from=("policy",), trainer="trl.trainer.sft_trainer:SFTTrainer",
-    config="trl.trainer.sft_config:SFTConfig", rows_shape="text",
-    metrics=(("loss", "loss"), ("mean_token_accuracy", "token_acc"), ("learning_rate", "lr")),
-    panels=(("loss", "loss", ("loss", "eval_loss")),
-            ("token accuracy", "accuracy", ("mean_token_accuracy", "eval_mean_token_accuracy"))),
-    launcher="data parallel (TRL SFTTrainer)",
-    memory_settings=("per_device_train_batch_size", "gradient_accumulation_steps", "max_length"),
+    config="trl.trainer.sft_config:SFTConfig", rows=Rows(shape="text"),
+    memory=Memory(settings=("per_device_train_batch_size", "gradient_accumulation_steps", "max_length")),
+    display=Display(metrics=(("loss", "loss"), ("mean_token_accuracy", "token_acc"), ("learning_rate", "lr")),
+                    panels=(("loss", "loss", ("loss", "eval_loss")),
+                            ("token accuracy", "accuracy", ("mean_token_accuracy", "eval_mean_token_accuracy")))),
+    launcher=Launcher("data parallel (TRL SFTTrainer)"),
     defaults=stage_defaults)

@@ -38,7 +38,7 @@ from pydantic import Field, model_validator
 from kitcli.recipe.config_fields import NOT_NEGATIVE, Range
 from kitcli.recipe.schema import fail
 from kitcli.recipe.stage_context import StageContext
-from kitcli.recipe.stage_spec import StageSpec
+from kitcli.recipe.stage_spec import Display, Launcher, Memory, Rows, StageSpec
 from kitcli.stages import reference_free
 
 TRACKED = reference_free.TRACKED
@@ -91,14 +91,16 @@ SPEC = StageSpec(
     type="simpo", order=55, module=__name__, section=SimPOSection,
     summary="TRL CPOTrainer (experimental), loss_type simpo, cpo_alpha 0: length-normalised margin, no reference",
     output="policy", init_from=("policy",), trainer="trl.experimental.cpo.cpo_trainer:CPOTrainer",
-    config="trl.experimental.cpo.cpo_config:CPOConfig", rows_shape="pairs", reference="never",
+    config="trl.experimental.cpo.cpo_config:CPOConfig", rows=Rows(shape="pairs"),
+    memory=Memory(settings=("per_device_train_batch_size", "gradient_accumulation_steps", "max_length"),
+                  reference="never"),
     refused_keys=reference_free.REFUSED,
-    metrics=(("loss", "loss"), ("rewards/margins", "margin"), ("rewards/accuracies", "accuracy"),
-             ("rewards/chosen", "chosen"), ("rewards/rejected", "rejected"), ("learning_rate", "lr")),
-    panels=(("loss", "loss", ("loss", "eval_loss")),
-            ("reward margin", "margin", ("rewards/margins", "eval_rewards/margins")),
-            ("reward accuracy", "accuracy", ("rewards/accuracies", "eval_rewards/accuracies")),
-            ("implicit rewards (beta * average log-prob)", "reward", ("rewards/chosen", "rewards/rejected"))),
-    launcher=None, launcher_refusal="SimPO has not been run under a launcher yet; run it as one process",
-    memory_settings=("per_device_train_batch_size", "gradient_accumulation_steps", "max_length"),
+    display=Display(
+        metrics=(("loss", "loss"), ("rewards/margins", "margin"), ("rewards/accuracies", "accuracy"),
+                 ("rewards/chosen", "chosen"), ("rewards/rejected", "rejected"), ("learning_rate", "lr")),
+        panels=(("loss", "loss", ("loss", "eval_loss")),
+                ("reward margin", "margin", ("rewards/margins", "eval_rewards/margins")),
+                ("reward accuracy", "accuracy", ("rewards/accuracies", "eval_rewards/accuracies")),
+                ("implicit rewards (beta * average log-prob)", "reward", ("rewards/chosen", "rewards/rejected")))),
+    launcher=Launcher(refusal="SimPO has not been run under a launcher yet; run it as one process"),
     defaults=stage_defaults)

@@ -21,4 +21,4 @@ def checkpoint_to_resume(ctx: StageContext, settings: dict[str, Any]) -> Path | 
     """The stage's last checkpoint, checked against `settings` and the LoRA it trains with, before anything trains
     (kitcli/training/checkpoints.py resume_checkpoint); None to start afresh."""
     return resume_checkpoint(ctx.dir, settings, lora=stage_lora(ctx.init_dir, ctx.lora), where=ctx.where,
-                             log=ctx.log, checkpoint_files=ctx.spec.checkpoint_files)
+                             log=ctx.log, checkpoint_files=ctx.spec.resume.files)

@@ -115,7 +115,7 @@ def check_files(checkpoint: Path, required: list[str]) -> None:
 
 
 def required_files(own: tuple[str, ...], checkpoint: Path) -> list[str]:
-    """The files `checkpoint` must hold: `own` (a StageSpec's checkpoint_files), else transformers' Trainer's."""
+    """The files `checkpoint` must hold: `own` (a StageSpec's resume.files), else transformers' Trainer's."""
     if own:
         return list(own)
     weights = ADAPTER_FILE if (checkpoint / "adapter_config.json").exists() else "model.safetensors"
