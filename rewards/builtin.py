@@ -19,6 +19,7 @@ from typing import Any
 
 from kitcli.errors import KitError
 from rewards.registry import reward_factory, score_range
+from rewards.reward_args import check_tags, non_positive, positive_int
 from rewards.text import (
     completion_lengths,
     completion_text,
@@ -26,6 +27,8 @@ from rewards.text import (
     extract_code,
     judge_touches,
     normalize_answer,
+    normalize_unicode,
+    quiet_math_verify,
     tagged,
 )
 
@@ -124,36 +127,7 @@ def numeric_closeness(scale: float = 1.0):
     return numeric_closeness_reward
 
 
-# Unicode math that math-verify does not read, as the LaTeX it does (after NFKC, which folds full-width forms).
-UNICODE_MATH = {"\u2212": "-", "\u00d7": "\\times ", "\u00f7": "/", "\u221a": "\\sqrt", "\u03c0": "\\pi ",
-                "\u221e": "\\infty ", "\u2264": "\\le ", "\u2265": "\\ge ", "\u00b7": "\\cdot "}
-
-
-def normalize_unicode(text: str) -> str:
-    import unicodedata
-
-    text = unicodedata.normalize("NFKC", text)
-    return text.translate(str.maketrans(UNICODE_MATH)) if any(c in text for c in UNICODE_MATH) else text
-
-
-def quiet_math_verify(timeout) -> None:
-    if timeout is None:  # it warns on every call that timeouts are off
-        for name in ("math_verify.parser", "math_verify.grader"):
-            logging.getLogger(name).setLevel(logging.ERROR)
-
-
 # --- format -----------------------------------------------------------------------------------------------------
-
-def check_tags(tags: Any) -> list[str]:
-    if isinstance(tags, str):
-        tags = [tags]
-    if not isinstance(tags, (list, tuple)) or not tags or not all(isinstance(t, str) and t.strip() for t in tags):
-        raise KitError(f"tags must be a non-empty list of tag names such as [think, answer], got {tags!r}")
-    bad = [t for t in tags if not re.fullmatch(r"[A-Za-z_][\w.-]*", t)]
-    if bad:
-        raise KitError(f"tag '{bad[0]}' is not a valid tag name; write the name without brackets, e.g. think")
-    return list(tags)
-
 
 @score_range(0, 1)
 @reward_factory
@@ -216,18 +190,6 @@ def tag_credit(tags: list[str] = ("think", "answer")):
 
 
 # --- length and repetition --------------------------------------------------------------------------------------
-
-def positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise KitError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def non_positive(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value > 0:
-        raise KitError(f"{name} must be a number <= 0 (it is a penalty), got {value!r}")
-    return float(value)
-
 
 @reward_factory
 def length_penalty(max_length: int, target: int = 0, max_penalty: float = -1.0):

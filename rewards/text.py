@@ -3,6 +3,7 @@ names in its code that reach for the judge around it (code_exec and the dashboar
 
 from __future__ import annotations
 
+import logging
 import re
 import unicodedata
 from typing import Any
@@ -104,3 +105,19 @@ def judge_touches(code: str) -> list[str]:
     """The names in `code` that reach for the machinery around it (frames, builtins, sys.modules, comparison
     hooks, the process's exit and descriptors): rare in an honest solution to a small task, common in a hack."""
     return sorted(set(JUDGE_PATTERN.findall(code)))
+
+
+# Unicode math that math-verify does not read, as the LaTeX it does (after NFKC, which folds full-width forms).
+UNICODE_MATH = {"\u2212": "-", "\u00d7": "\\times ", "\u00f7": "/", "\u221a": "\\sqrt", "\u03c0": "\\pi ",
+                "\u221e": "\\infty ", "\u2264": "\\le ", "\u2265": "\\ge ", "\u00b7": "\\cdot "}
+
+
+def normalize_unicode(text: str) -> str:
+    text = unicodedata.normalize("NFKC", text)
+    return text.translate(str.maketrans(UNICODE_MATH)) if any(c in text for c in UNICODE_MATH) else text
+
+
+def quiet_math_verify(timeout) -> None:
+    if timeout is None:  # it warns on every call that timeouts are off
+        for name in ("math_verify.parser", "math_verify.grader"):
+            logging.getLogger(name).setLevel(logging.ERROR)

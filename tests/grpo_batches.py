@@ -28,7 +28,7 @@ G = 4  # completions per prompt
 SCORES = [1.0, 0.0, 0.0, 1.0, 0.5, 2.0, 0.5, 0.0]  # group 1, then group 2
 TEMPERATURE = 0.8  # not 1, so a trainer that forgot the sampling temperature in its log-probs would be caught
 MAX_LENGTH = 6  # max_completion_length
-# Each completion's length in tokens (the untrained tiny model never samples its EOS in 6 tokens: the shorter ones are
+# Each completion's length in tokens (the untrained tiny model rarely samples its EOS in 6 tokens: the shorter ones are
 # cut with an EOS where the trainer generates them; the 6s are truncated, without one): per-sequence means, token
 # means and Dr. GRPO's fixed divisor all differ.
 LENGTHS = (6, 2, 5, 1, 6, 3, 4, 6)

@@ -32,8 +32,8 @@ def check_command(recipe: str, overrides: tuple[str, ...], signal: int | None, o
 
     from kitcli.recipe.load import load_recipe
     from kitcli.run.check import enforce, findings_table
+    from kitcli.run.lock import choose_run_dir
     from kitcli.run.preflight import check_before_running, print_notes
-    from kitcli.run.runner import choose_run_dir
 
     if signal is not None and signal < 1:
         raise KitError(f"--signal {signal}: give the number of prompts to sample (at least 1), e.g. --signal 16")

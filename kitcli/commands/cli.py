@@ -128,7 +128,7 @@ def execute(recipe, *, output: str | None, dry_run: bool, force: bool, quiet: bo
             as_json: bool = False, no_lock: bool = False, selected: list[str] | None = None) -> None:
     import contextlib
 
-    from kitcli.display import dashboard
+    from kitcli.display import output as display
     from kitcli.run import runner
 
     mode = output_mode(quiet, as_json)
@@ -144,7 +144,7 @@ def execute(recipe, *, output: str | None, dry_run: bool, force: bool, quiet: bo
     # --quiet / --json: stdout carries only what was asked for; libraries' prints go to stderr
     quiet_stdout = contextlib.redirect_stdout(sys.stderr) if mode != "auto" else contextlib.nullcontext()
     try:
-        with dashboard.output_mode(mode, json_stream=stdout), quiet_stdout:
+        with display.output_mode(mode, json_stream=stdout), quiet_stdout:
             run_dir = runner.run_recipe(recipe, output=output, force=force, console=console, no_lock=no_lock,
                                         selected=selected)
     except StageInterrupted as stop:

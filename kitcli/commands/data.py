@@ -83,7 +83,7 @@ def filter_rows(recipe: str, stage: str, output: Path, run_dir: str | None, over
     from kitcli.recipe.load import load_recipe
     from kitcli.recipe.stage_context import StageContext
     from kitcli.run.check import resolved_values
-    from kitcli.run.runner import choose_run_dir
+    from kitcli.run.lock import choose_run_dir
     from kitcli.run.signal_check import starting_policy
     from kitcli.rundir import RunDir
     from kitcli.training.filtering import filter_dir, run_filter

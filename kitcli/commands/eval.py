@@ -268,7 +268,7 @@ def eval_tasks(resolved: dict[str, Any], tasks: tuple[str, ...], *, include_path
                "headline": benchmarks.headline(scores, n)}
     record, records = benchmarks.results_record(results, settings, scores), benchmarks.sample_records(results)
     if resolved["run_dir"] is not None:
-        from kitcli.display.report import benchmark_file
+        from kitcli.display.eval_table import benchmark_file
 
         path = benchmark_file(resolved["run_dir"], resolved["name"])
         save_benchmarks(path, resolved, record, records)
@@ -307,7 +307,7 @@ def save_benchmarks(path: Path, resolved: dict[str, Any], record: dict[str, Any]
 def finish(summary: dict[str, Any], console, as_json: bool) -> None:
     print_scores(summary, console)
     if as_json:
-        from kitcli.display.dashboard import json_safe
+        from kitcli.display.output import json_safe
 
         click.echo(json.dumps(json_safe(summary), default=str))
 
@@ -315,7 +315,7 @@ def finish(summary: dict[str, Any], console, as_json: bool) -> None:
 def print_scores(summary: dict[str, Any], console) -> None:
     from rich.table import Table
 
-    from kitcli.display.report import eval_metric_keys, format_score, metric_label
+    from kitcli.display.eval_table import eval_metric_keys, format_score, metric_label
 
     scored = Path(summary["data"]).name if "data" in summary else ", ".join(summary["tasks"]) + " (lm-eval)"
     table = Table(title=f"{summary['model']} on {scored}")

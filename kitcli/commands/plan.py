@@ -215,7 +215,7 @@ def print_plan(plan: dict[str, Any], gpu_name: str | None, console) -> None:
 def run_plan(recipe_name: str, overrides: list[str], gpu_memory: str | None, config_path: str | None,
              backend: str | None, as_json: bool, console, output: str | None = None) -> None:
     from kitcli.recipe.load import load_recipe
-    from kitcli.run.runner import choose_run_dir
+    from kitcli.run.lock import choose_run_dir
 
     recipe = load_recipe(recipe_name, overrides)
     run_dir = choose_run_dir(recipe, output)

@@ -46,7 +46,7 @@ def find_run_dir(recipe, run_dir: Path | None) -> Path | None:
         if not run_dir.is_dir():
             raise KitError(f"--run-dir '{run_dir}' is not a directory")
         return run_dir
-    from kitcli.run.runner import choose_run_dir
+    from kitcli.run.lock import choose_run_dir
 
     candidate = choose_run_dir(recipe, None)
     return candidate if candidate.is_dir() else None

@@ -16,9 +16,6 @@ targets). Each finding is one row with a verdict; `warn` findings become errors 
 from __future__ import annotations
 
 import functools
-import json
-import re
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +26,15 @@ from kitcli.recipe.schema import declared
 from kitcli.recipe.stage_context import StageContext
 from kitcli.run.batch_check import batch_findings
 from kitcli.run.findings import Finding, cut_finding
+from kitcli.run.rendering import Renderer
 from kitcli.run.reward_check import best_checkpoint_findings, reward_findings
 from kitcli.run.settings_check import kit_default_findings, position_findings, unused_findings
 from kitcli.run.speed_check import speed_findings
+from kitcli.run.template_check import template_findings
 from kitcli.run.tool_check import row_schemas, tool_length_findings
 from kitcli.training.tool_use import stage_schemas
 
 LENGTH_ROWS = 1000  # rows whose token lengths are measured (evenly spaced over larger datasets)
-TAG_REWARDS = ("format", "tag_credit")  # built-ins that want the completion to open tags (default think, answer)
 
 
 # --- the pieces a check reads --------------------------------------------------------------------------------------
@@ -70,19 +68,6 @@ def tokenizer_in(folder: str):
         return AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except Exception:  # noqa: BLE001  (offline, gated, no tokenizer files: the check says so)
         return None
-
-
-def stop_tokens(tokenizer) -> set[str]:
-    """The tokens generation stops on: the tokenizer's EOS and the model folder's generation_config.json EOS ids."""
-    import json
-
-    stops = {tokenizer.eos_token} if tokenizer.eos_token else set()
-    config = Path(getattr(tokenizer, "name_or_path", "")) / "generation_config.json"
-    if config.is_file():
-        ids = json.loads(config.read_text()).get("eos_token_id")
-        for token_id in ids if isinstance(ids, list) else [ids] if ids is not None else []:
-            stops.add(tokenizer.convert_ids_to_tokens(int(token_id)))
-    return stops
 
 
 def resolved_values(ctx: StageContext) -> dict[str, Any]:
@@ -128,57 +113,6 @@ def evenly_spaced(rows: list[dict[str, Any]], most: int) -> list[dict[str, Any]]
     if len(rows) <= most:
         return rows
     return [rows[i * len(rows) // most] for i in range(most)]
-
-
-def is_chat(value: Any) -> bool:
-    return isinstance(value, list)
-
-
-MEMO_LIMIT = 200_000  # texts (and rendered conversations) remembered per tokenizer
-MEMOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> its remembered counts and renders
-
-
-class Renderer:
-    """Token counts of prompts and replies as TRL renders them (chat template for conversations, EOS appended to
-    plain-string SFT completions). A text's count and a conversation's rendering depend only on the tokenizer (and
-    its chat template, part of the key), so they are remembered per tokenizer object (tokenizer_in loads each once
-    per process): a dry run that checks several stages on one file, or many recipes in one process, renders and
-    counts each row once."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.memo = MEMOS.setdefault(tokenizer, {"counts": {}, "renders": {}})
-
-    def counts(self, texts: list[str]) -> list[int]:
-        """Token counts of many texts in one call (the fast tokenizer encodes a batch in Rust, in one go)."""
-        known = self.memo["counts"]
-        new = list(dict.fromkeys(t for t in texts if t not in known))
-        if new:
-            if len(known) + len(new) > MEMO_LIMIT:
-                known.clear()
-            known.update(zip(new, (len(ids) for ids in self.tokenizer(new, add_special_tokens=False)["input_ids"])))
-        return [known[t] for t in texts]
-
-    def render(self, turns: list[dict], tools: list[dict] | None, generation_prompt: bool) -> str:
-        key = (hash(self.tokenizer.chat_template), json.dumps([turns, tools, generation_prompt], sort_keys=True,
-                                                              default=str))
-        renders = self.memo["renders"]
-        if key not in renders:
-            if len(renders) >= MEMO_LIMIT:
-                renders.clear()
-            renders[key] = self.tokenizer.apply_chat_template(turns, tools=tools, tokenize=False,
-                                                              add_generation_prompt=generation_prompt)
-        return renders[key]
-
-    def prompt(self, prompt: Any, tools: list[dict] | None = None) -> str:
-        return self.render(prompt, tools, True) if is_chat(prompt) else str(prompt)
-
-    def whole(self, prompt: Any, reply: Any, eos: bool, tools: list[dict] | None = None) -> str:
-        if is_chat(prompt) or is_chat(reply):
-            turns = (prompt if is_chat(prompt) else [{"role": "user", "content": str(prompt)}]) + \
-                (reply if is_chat(reply) else [{"role": "assistant", "content": str(reply)}])
-            return self.render(turns, tools, False)
-        return str(prompt) + str(reply) + (self.tokenizer.eos_token or "" if eos else "")
 
 
 # --- the checks --------------------------------------------------------------------------------------------------
@@ -233,69 +167,6 @@ def length_findings(ctx: StageContext, rows: list[dict[str, Any]], values: dict[
             if lengths:
                 found.append(cut_finding(stage, f"prompt + {side}", lengths, limit, "train.max_length"))
     return found
-
-
-def opened_tags(text: str) -> list[str]:
-    """Tags a text opens and does not close, e.g. a generation prompt ending in `<think>\\n`."""
-    return [t for t in re.findall(r"<([A-Za-z_][\w-]*)>", text) if f"</{t}>" not in text]
-
-
-def template_findings(ctx: StageContext, rows: list[dict[str, Any]], render: Renderer) -> list[Finding]:
-    stage, tokenizer = ctx.name, render.tokenizer
-    first = rows[0]
-    chat = any(is_chat(first.get(k)) for k in ("prompt", "completion", "chosen", "messages"))
-    if not chat:
-        return []
-    if getattr(tokenizer, "chat_template", None) is None:
-        return [Finding(stage, "chat template", "warn", "conversational rows",
-                        "the model has no chat template, so conversations cannot be rendered; give plain-string "
-                        "data (remove chat: true) or a model with a template")]
-    found = []
-    prompt = first.get("prompt") or first.get("messages")[:-1]
-    if is_chat(prompt) and prompt:
-        closed = tokenizer.apply_chat_template(prompt, tokenize=False)
-        opened = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-        tags = opened_tags(opened[len(closed):] if opened.startswith(closed) else "")
-        wanted = [(r.name, r.args) for r in declared(ctx.stage, "rewards") or []]
-        clashes = [(name, t) for name, args in wanted if name in TAG_REWARDS
-                   for t in tags if t in (args.get("tags") or ("think", "answer"))]
-        if clashes:
-            name, tag = clashes[0]
-            found.append(Finding(stage, "generation prompt", "warn", f"ends with <{tag}>",
-                                 f"the template opens <{tag}> before the completion starts, so reward '{name}' "
-                                 f"(which wants the completion to open <{tag}>) can never pay; drop <{tag}> from its "
-                                 f"tags or turn the template's thinking prefill off"))
-        elif tags:
-            found.append(Finding(stage, "generation prompt", "info", f"ends with <{tags[0]}>",
-                                 f"completions start inside <{tags[0]}>"))
-    if ctx.spec.rows.shape == "text":  # supervised targets: the reply must end in a stop
-        stops = stop_tokens(tokenizer)
-        after = reply_end(first, render)
-        present = [s for s in stops if s and s in after]
-        found.append(Finding(stage, "stop token in targets", "ok" if present else "warn",
-                             f"after the reply: {after.strip()!r:.40}; stops on {', '.join(sorted(stops))}",
-                             "the model learns to stop" if present else
-                             "no stop token follows the reply, so the trained model never learns to stop; use a "
-                             "template that ends the assistant turn with its EOS"))
-    return found
-
-
-def reply_end(row: dict[str, Any], render: Renderer) -> str:
-    """What the template writes after the text of an SFT row's last reply, where its stop token must be; for a
-    reply that is a tool call (no text of its own), all the template writes for that turn."""
-    if "messages" not in row and not is_chat(row.get("completion")):
-        text, reply = render.whole(row["prompt"], row["completion"], eos=True), str(row["completion"])
-        return text[text.rfind(reply) + len(reply):] if reply in text else ""
-    turns = row.get("messages") or (row["prompt"] if is_chat(row["prompt"]) else
-                                    [{"role": "user", "content": str(row["prompt"])}]) + row["completion"]
-    tools = row_schemas(row)
-    text = render.tokenizer.apply_chat_template(turns, tools=tools, tokenize=False)
-    reply = turns[-1].get("content") or ""
-    if turns[-1].get("tool_calls") or not reply:
-        before = render.tokenizer.apply_chat_template(turns[:-1], tools=tools, tokenize=False,
-                                                      add_generation_prompt=True)
-        return text[len(before):] if text.startswith(before) else ""
-    return text[text.rfind(reply) + len(reply):] if reply in text else ""
 
 
 def filter_findings(ctx: StageContext, rows: list[dict[str, Any]], rewards: list) -> list[Finding]:

@@ -24,7 +24,8 @@ import sys
 from pathlib import Path
 
 from kitcli.errors import KitError
-from kitcli.rundir import RunDir, in_use, lock_holder
+from kitcli.rundir import RunDir
+from kitcli.writer_lock import in_use, lock_holder
 
 LAUNCHERS = ("accelerate",)
 DEEPSPEED_STAGES = ("zero2", "zero3")
@@ -110,10 +111,10 @@ def child_environment(num_processes: int, cpu: bool) -> dict[str, str]:
 def launch(recipe, recipe_arg: str, *, output: str | None, overrides: list[str], force: bool, num_processes: int,
            deepspeed: str | None, fsdp: bool, cpu: bool, extra: list[str] = (), console=None) -> Path:
     """Validate, choose the run directory, and run `accelerate launch`; returns the run directory."""
-    from kitcli.run import runner
+    from kitcli.run.lock import choose_run_dir
 
     check_request(recipe, num_processes=num_processes, deepspeed=deepspeed, fsdp=fsdp, cpu=cpu)
-    run_dir = Path(output) if output else runner.choose_run_dir(recipe, None)
+    run_dir = Path(output) if output else choose_run_dir(recipe, None)
     holder = lock_holder(RunDir(run_dir))  # the main process takes the lock; refuse here before starting N processes
     if holder is not None:
         raise in_use(RunDir(run_dir), holder)

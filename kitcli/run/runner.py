@@ -12,112 +12,39 @@ Layout of a run directory:
 
 from __future__ import annotations
 
-import platform
-import re
 import shutil
 import sys
 import time
-from datetime import datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from kitcli import __version__, dist, libraries
-from kitcli.data.rows import fingerprint
-from kitcli.display.dashboard import emit_json, stage_display
+from kitcli import dist, libraries
+from kitcli.display.output import emit_json, stage_display
 from kitcli.errors import KitError
 from kitcli.recipe import stage_types
 from kitcli.recipe.load import Recipe
 from kitcli.recipe.schema import declared
 from kitcli.recipe.stage_context import StageContext
 from kitcli.records import first_difference
+from kitcli.run.lock import (  # noqa: F401  (dataset_fingerprints: kitcli.run.runner's name too)
+    choose_run_dir,
+    dataset_fingerprints,
+    make_lock,
+    same_resolution,
+    same_run,
+)
 from kitcli.run.preflight import preflight
 from kitcli.run.selection import check_selected_inputs
-from kitcli.rundir import WRITER_LOCK_NAME, RunDir, WriterLock, redact
+from kitcli.rundir import WRITER_LOCK_NAME, RunDir, redact
 from kitcli.training import interrupt
-
-PACKAGES = ("torch", "transformers", "trl", "peft", "unsloth", "unsloth_zoo", "bitsandbytes", "datasets",
-            "accelerate")
+from kitcli.writer_lock import WriterLock
 
 
 def stage_module(stage_type: str):
     return stage_types.module(stage_type)
-
-
-def package_versions() -> dict[str, str]:
-    versions = {"kit": __version__, "python": platform.python_version()}
-    for name in PACKAGES:
-        try:
-            versions[name] = metadata.version(name.replace("_", "-"))
-        except metadata.PackageNotFoundError:
-            versions[name] = "not installed"
-    return versions
-
-
-def dataset_fingerprints(recipe: Recipe) -> dict[str, str]:
-    """Every dataset file a stage reads (its data, eval_data, its `eval:`'s held-out rows): its sha256."""
-    prints = {}
-    for stage in recipe.stages:
-        held_out = declared(stage, "eval")  # a training stage's held-out rows (`eval:`)
-        for key, data in (("data", declared(stage, "data")), ("eval_data", declared(stage, "eval_data")),
-                          ("eval.data", held_out.data if held_out is not None else None)):
-            if data is not None:
-                prints[f"{stage.name}.{key}"] = fingerprint(data)
-    return prints
-
-
-def make_lock(recipe: Recipe) -> dict[str, Any]:
-    """What `kit run --from-lock` reruns exactly: every value of the recipe (`lora: false` kept false, a tokenizer's
-    tokens kept; only credentials redacted), and what the kit read or changed (notes)."""
-    return {
-        "recipe": redact(recipe.lock_dump()),
-        **({"notes": list(recipe.notes)} if recipe.notes else {}),
-        "source": recipe.source,
-        "seed": recipe.seed,
-        "datasets": dataset_fingerprints(recipe),
-        "model_file": model_file_fingerprint(recipe.model.name),
-        "versions": package_versions(),
-        "platform": f"{platform.system()} {platform.machine()}",
-        "created": datetime.now().isoformat(timespec="seconds"),
-    }
-
-
-def model_file_fingerprint(name: str) -> dict[str, str] | None:
-    """The GGUF file a run's model comes from, with its sha256 (None for other models)."""
-    from kitcli.models import gguf
-
-    source = None if name == "tiny" else gguf.source_file(name)
-    return None if source is None else {"path": str(source), "sha256": gguf.file_sha256(source)}
-
-
-def same_run(lock: dict[str, Any], fresh: dict[str, Any]) -> str | None:
-    """None when `lock` describes the same recipe and data as `fresh`, else the first key that differs."""
-    found = first_difference({"recipe": lock.get("recipe"), "datasets": lock.get("datasets"),
-                              "model_file": lock.get("model_file")},
-                             {"recipe": fresh["recipe"], "datasets": fresh["datasets"],
-                              "model_file": fresh.get("model_file")})
-    return found[0] if found else None
-
-
-def choose_run_dir(recipe: Recipe, output: str | None, lock: dict[str, Any] | None = None) -> Path:
-    """`--output`, else the newest runs/<name>-* holding the same recipe (so re-running resumes), else a new one.
-    `lock` is the recipe's make_lock(); without it, it is made only when an existing run must be compared (it
-    hashes the data files, which `kit plan` and the other reading commands need not do otherwise)."""
-    if output:
-        return Path(output)
-    runs = Path("runs")
-    pattern = re.compile(re.escape(recipe.name) + r"-\d{8}-\d{6}$")
-    if runs.is_dir():
-        for candidate in sorted((p for p in runs.iterdir() if pattern.match(p.name)), reverse=True):
-            existing = RunDir(candidate).read_lock()
-            if existing:
-                lock = lock if lock is not None else make_lock(recipe)
-                if same_run(existing, lock) is None:
-                    return candidate
-    return runs / f"{recipe.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
 def resumed_note(checkpoint: str, spec, finished: bool = False) -> str:
@@ -127,11 +54,6 @@ def resumed_note(checkpoint: str, spec, finished: bool = False) -> str:
                 f"restored its weights and state, and did only its end work")
     restored = spec.resume.restores
     return f"resumed from {checkpoint} (step {checkpoint.rsplit('-', 1)[-1]}): restored {restored}"
-
-
-def same_resolution(existing: dict[str, Any], lock: dict[str, Any]) -> bool:
-    """The existing lock already records this run (recipe, data, resolved stages, versions): leave it as it is."""
-    return all(existing.get(key) == lock.get(key) for key in ("recipe", "datasets", "resolved", "versions"))
 
 
 def check_resumable_stages(recipe: Recipe, run_dir: Path, existing: dict[str, Any], lock: dict[str, Any],
@@ -375,7 +297,7 @@ def out_of_memory(ctx: StageContext) -> KitError:
 
 
 def print_summary(results, console: Console, report: Path | None = None, run_dir: Path | None = None) -> None:
-    from kitcli.display.report import before_after
+    from kitcli.display.eval_table import before_after
 
     table = Table(title="stages")
     for column in ("stage", "type", "status", "seconds", "result"):

@@ -136,7 +136,7 @@ def include_dirs(paths: list[str], base_dir, error=fail) -> tuple[str, ...]:
     """Task folders as absolute paths: relative to the recipe, the working directory or the kit checkout."""
     from pathlib import Path
 
-    from kitcli.recipe.schema import kit_source_root
+    from kitcli.recipe.paths import kit_source_root
 
     found = []
     for path in paths:

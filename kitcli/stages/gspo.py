@@ -44,7 +44,7 @@ from kitcli.recipe.schema import RESERVED_TRAIN
 from kitcli.recipe.stage_context import StageContext
 from kitcli.recipe.stage_spec import Launcher, Rows, StageSpec
 from kitcli.recipe.unsloth_spec import UnslothSpec, unsloth_field
-from kitcli.stages import grpo
+from kitcli.stages import grpo, sampling
 from kitcli.training.tool_use import ToolsSection
 
 
@@ -57,8 +57,8 @@ class GSPOSection(ToolsSection):
     allow_on_policy: bool = Field(False, description="Run on-policy settings anyway (the sequence ratio is then 1).")
     unsloth: UnslothSpec = unsloth_field()
     reserved: ClassVar[dict[str, str]] = {**RESERVED_TRAIN, "reward_weights": "each reward's weight: gives it"}
-    train_ranges: ClassVar[dict] = grpo.SAMPLING_RANGES
-    train_choices: ClassVar[dict] = grpo.SAMPLING_CHOICES
+    train_ranges: ClassVar[dict] = sampling.SAMPLING_RANGES
+    train_choices: ClassVar[dict] = sampling.SAMPLING_CHOICES
 
 
 GSPO_PRESET: dict[str, Any] = {
@@ -123,5 +123,6 @@ SPEC = StageSpec(
     summary="GRPO with importance_sampling_level sequence and the paper's configuration (variant gspo or luspo)",
     output="policy", init_from=("policy",), trainer="trl.trainer.grpo_trainer:GRPOTrainer",
     config="trl.trainer.grpo_config:GRPOConfig", rows=Rows(shape="prompts", read=grpo.load_rows), groups=True,
-    rl=True, memory=grpo.RL_MEMORY, display=grpo.RL_DISPLAY, launcher=Launcher("data parallel (TRL GRPOTrainer)"),
+    rl=True, memory=sampling.RL_MEMORY, display=sampling.RL_DISPLAY,
+    launcher=Launcher("data parallel (TRL GRPOTrainer)"),
     defaults=lambda ctx, on_gpu=None: grpo.stage_defaults(ctx, preset(ctx), on_gpu))

@@ -58,7 +58,7 @@ from kitcli.recipe.filter_spec import FilteredSection
 from kitcli.recipe.schema import RESERVED_TRAIN
 from kitcli.recipe.stage_context import StageContext
 from kitcli.recipe.stage_spec import Launcher, Rows, StageSpec
-from kitcli.stages import grpo
+from kitcli.stages import grpo, sampling
 
 
 class RLOOSection(FilteredSection):
@@ -66,8 +66,8 @@ class RLOOSection(FilteredSection):
 
     type: Literal["rloo"]
     reserved: ClassVar[dict[str, str]] = {**RESERVED_TRAIN, "reward_weights": "each reward's weight: gives it"}
-    train_ranges: ClassVar[dict] = grpo.SAMPLING_RANGES
-    train_choices: ClassVar[dict] = {"vllm_mode": grpo.SAMPLING_CHOICES["vllm_mode"]}
+    train_ranges: ClassVar[dict] = sampling.SAMPLING_RANGES
+    train_choices: ClassVar[dict] = {"vllm_mode": sampling.SAMPLING_CHOICES["vllm_mode"]}
 
 
 # The fields that decide RLOO's objective beyond the generation settings it shares with GRPO (grpo.base_defaults).
@@ -102,7 +102,7 @@ SPEC = StageSpec(
     summary="TRL RLOOTrainer: REINFORCE with a leave-one-out baseline, KL to the starting policy in the reward",
     output="policy", init_from=("policy",), trainer="trl.trainer.rloo_trainer:RLOOTrainer",
     config="trl.trainer.rloo_config:RLOOConfig", rows=Rows(shape="prompts", read=grpo.load_rows), groups=True,
-    rl=True, memory=grpo.RL_MEMORY, display=grpo.RL_DISPLAY,
+    rl=True, memory=sampling.RL_MEMORY, display=sampling.RL_DISPLAY,
     refused_keys={"tools": "TRL 1.15's RLOOTrainer takes no tools"},
     launcher=Launcher("data parallel (TRL RLOOTrainer): each process generates its share of the completions"),
     defaults=lambda ctx, on_gpu=None: grpo.stage_defaults(ctx, RLOO_PRESET, on_gpu))

@@ -81,7 +81,7 @@ def use_unsloth_trainers() -> None:
     """Replace TRL's trainers by Unsloth's generated ones in this process, as `import unsloth` does on a GPU."""
     import unsloth  # noqa: F401  (before trl, as always)
 
-    from kitcli.models.backend import allow_inductor_pool_aliasing
+    from kitcli.models.cpu_routes import allow_inductor_pool_aliasing
 
     allow_inductor_pool_aliasing()
     if unsloth_patched():
