@@ -63,13 +63,13 @@ def xdist_group(item) -> str:
 def pytest_collection_modifyitems(config, items):
     """Tests on Unsloth's generated trainers run last: forcing them rewrites TRL's module attributes (and some of
     its helpers) for the rest of the process, and every other test checks the classes a CPU run really uses.
-    A test using a fixture that trains is marked slow (`make test-fast` leaves them out)."""
+    A test using a fixture that trains, or marked long, is marked slow (`make test-fast` leaves them out)."""
     import torch
 
     items.sort(key=uses_unsloth_trainers)
     for item in items:
-        if TRAINING_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.slow)
+        if TRAINING_FIXTURES & set(getattr(item, "fixturenames", ())) or "long" in item.keywords:
+            item.add_marker(pytest.mark.slow)  # a long test's subprocesses train too: make test-fast leaves it out
         if "precision" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.precision)  # `make test-other-cpu` runs these again
         item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
