@@ -128,6 +128,15 @@ def fast_tests_train_nothing(request):
 
 
 @pytest.fixture(autouse=True)
+def console_size_from_the_environment(monkeypatch):
+    """A test that sets COLUMNS gets that width on any terminal. rich reads COLUMNS only where it has both sizes or
+    the terminal is not a dumb one: with TERM=dumb (as CI runners set it) and a forced terminal (FORCE_COLOR), a
+    console without LINES is 80 wide whatever COLUMNS says, and a table's columns wrap."""
+    if "LINES" not in os.environ:
+        monkeypatch.setenv("LINES", "50")
+
+
+@pytest.fixture(autouse=True)
 def frozen_heap():
     """After each test, collect its garbage and freeze what is left (gc.freeze): Python's collector then skips the
     imported libraries and the earlier tests' objects. accelerate calls gc.collect() at the start of every
