@@ -1,7 +1,8 @@
 """Every value is checked before anything runs.
 
 - For every numeric `train:` field a shipped recipe sets, a value of the wrong type and one out of range are refused
-  with exit status 2, one line naming the key, and nothing run or written.
+  with exit status 2, one line naming the key, and nothing run or written: every field of a recipe at once, each
+  named on its own line in the one pass.
 - A seeded mutation test: 240 mutations of the shipped recipes (a key deleted, a key misspelled, a value's type
   swapped, a number negated) through `kit run --dry-run`; every outcome is exit 2 with one `Error:` line and no
   traceback, or a dry run that succeeds.
@@ -65,26 +66,56 @@ def config_of(recipe: str, stage_name: str):
     return specs()[stage["type"]].section
 
 
-def refused(tmp_path: Path, recipe: str, setting: str) -> str:
+def refused(tmp_path: Path, recipe: str, settings: dict[str, object]) -> list[str]:
+    """`kit run RECIPE --set KEY=VALUE ...` with every setting at once: its fault lines (one per fault, then the line
+    that counts them), after checking that it exited 2 with no traceback and wrote nothing."""
     run_dir = tmp_path / "run"
-    result = run_cli("run", recipe, "--output", run_dir, "--set", setting, expect=None)
+    overrides = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
+    result = run_cli("run", recipe, "--output", run_dir, *overrides, expect=None)
     errors = [line for line in result.output.splitlines() if line.startswith("Error")]
-    assert result.exit_code == 2 and len(errors) == 1 and "Traceback" not in result.output, result.output
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert not run_dir.exists()  # nothing ran, nothing was written
-    return errors[0]
+    if len(settings) > 1:
+        assert errors[-1].endswith(f"{len(settings)} faults, each on a line above; fix them all, then "
+                                   f"`kit check {shipped_recipes()[recipe]}` again"), result.output
+        errors = errors[:-1]
+    assert len(errors) == len(settings), result.output  # one line per bad value, none for the values left alone
+    return errors
 
 
-@pytest.mark.parametrize("recipe, stage, key, value", FIELDS, ids=[f"{r}-{s}-{k}" for r, s, k, _ in FIELDS])
-def test_a_wrong_type_is_refused(tmp_path, recipe, stage, key, value):
-    message = refused(tmp_path, recipe, f"stages.{stage}.train.{key}=not-a-number")
-    assert f"stage '{stage}'" in message and f"train.{key} must be" in message and "got 'not-a-number'" in message
+def fields_by_recipe() -> dict[str, list[tuple[str, str, object]]]:
+    by_recipe: dict[str, list[tuple[str, str, object]]] = {}
+    for recipe, stage, key, value in FIELDS:
+        by_recipe.setdefault(recipe, []).append((stage, key, value))
+    return by_recipe
 
 
-@pytest.mark.parametrize("recipe, stage, key, value", FIELDS, ids=[f"{r}-{s}-{k}" for r, s, k, _ in FIELDS])
-def test_a_value_out_of_range_is_refused(tmp_path, recipe, stage, key, value):
-    bad = out_of_range(config_of(recipe, stage), key, value)
-    message = refused(tmp_path, recipe, f"stages.{stage}.train.{key}={bad}")
-    assert f"stage '{stage}'" in message and f"train.{key} must be" in message and f"got {bad!r}" in message
+RECIPE_FIELDS = fields_by_recipe()
+
+
+def line_for(errors: list[str], stage: str, key: str) -> str:
+    lines = [line for line in errors if f"stage '{stage}'" in line and f"train.{key} must be" in line]
+    assert len(lines) == 1, (stage, key, errors)
+    return lines[0]
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPE_FIELDS))
+def test_a_wrong_type_is_refused(tmp_path, recipe):
+    """Every numeric train: field of the recipe given a string, all at once: one line each, in one pass."""
+    fields = RECIPE_FIELDS[recipe]
+    errors = refused(tmp_path, recipe, {f"stages.{stage}.train.{key}": "not-a-number" for stage, key, _ in fields})
+    for stage, key, _ in fields:
+        assert "got 'not-a-number'" in line_for(errors, stage, key)
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPE_FIELDS))
+def test_a_value_out_of_range_is_refused(tmp_path, recipe):
+    """Every numeric train: field of the recipe just outside the kit's range for it, all at once: one line each."""
+    fields = [(stage, key, out_of_range(config_of(recipe, stage), key, value))
+              for stage, key, value in RECIPE_FIELDS[recipe]]
+    errors = refused(tmp_path, recipe, {f"stages.{stage}.train.{key}": bad for stage, key, bad in fields})
+    for stage, key, bad in fields:
+        assert f"got {bad!r}" in line_for(errors, stage, key)
 
 
 # --- mutations ------------------------------------------------------------------------------------------------

@@ -216,6 +216,7 @@ class TrainingSection(StageSection):
     # type's section adds its method's own). A config's declared choices (TRL's metadata) are read from it.
     train_ranges: ClassVar[dict[str, Range]] = TRAINING_RANGES
     train_choices: ClassVar[dict[str, Any]] = {}
+    train_reasons: ClassVar[dict[str, str]] = {}  # why a field's range is the section's, said when a value is out of it
 
     @field_validator("train", mode="before")
     @classmethod
@@ -253,7 +254,9 @@ def check_train(section: type[TrainingSection], train: dict[str, Any]) -> None:
             if closest(key, names):  # a misspelled field: its default stands in for the value meant
                 bad_values.append(key)
         elif (expected := check_value(path, key, value, section.train_ranges, section.train_choices)) is not None:
-            faults[key] = f"{config} rejected the train settings: train.{key} must be {expected}, got {value!r}"
+            faults[key] = (f"train.{key} must be {expected} ({section.train_reasons[key]}), got {value!r}"
+                           if key in section.train_reasons else
+                           f"{config} rejected the train settings: train.{key} must be {expected}, got {value!r}")
             bad_values.append(key)
     if faults:
         messages = list(faults.values())

@@ -43,7 +43,7 @@ import math
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
 from kitcli.data.rows import to_dataset
@@ -104,20 +104,13 @@ class DistillSection(TrainingSection):
     train_ranges: ClassVar[dict[str, Range]] = {
         **TRAINING_RANGES, "max_completion_length": AT_LEAST_ONE, "temperature": POSITIVE, "top_p": Range(0, True, 1),
         "top_k": NOT_NEGATIVE, "beta": FRACTION}
+    train_reasons: ClassVar[dict[str, str]] = {
+        "beta": "it picks the divergence: 0 forward KL, 0.5 Jensen-Shannon, 1 reverse KL"}
     reserved: ClassVar[dict[str, str]] = {
         **RESERVED_TRAIN, "teacher_model_name_or_path": THE_TEACHER, "teacher_model_revision": THE_TEACHER,
         "teacher_model_init_kwargs": f"{THE_TEACHER}, loaded with the recipe's model: settings",
         "model_init_kwargs": "the student is loaded by the kit from model:",
         "max_tool_calling_iterations": "the kit gives this stage no tools"}
-
-    @field_validator("train", mode="before")  # before the config's own range (>= 0) says half of it
-    @classmethod
-    def divergence(cls, train: Any) -> Any:
-        beta = train.get("beta") if isinstance(train, dict) else None
-        if isinstance(beta, (int, float)) and not isinstance(beta, bool) and not 0 <= beta <= 1:
-            raise fail(f"train.beta must be in [0, 1] (it picks the divergence: 0 forward KL, 0.5 Jensen-Shannon, "
-                       f"1 reverse KL), got {beta!r}")
-        return train
 
 
 # --- the teacher --------------------------------------------------------------------------------------------------
