@@ -254,7 +254,7 @@ def stage_context(work: Path, stages: list[dict], name: str, rewards_code: str |
                                     "stages": stages}, sort_keys=False))
     recipe = load_recipe(str(path))
     return StageContext(recipe, recipe.stage(name), work / "run", Console(quiet=True),
-                        {s["name"]: work / "run" / s["name"] for s in recipe.stages})
+                        {s.name: work / "run" / s.name for s in recipe.stages})
 
 
 def describe_model(trainer, values: dict) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from helpers import DATA, run_cli, write_recipe
 
@@ -15,7 +17,7 @@ def test_tokens_stay_out_of_every_file_and_the_output(in_tmp, tiny_model_dir, mo
     monkeypatch.setenv("HF_TOKEN", HF)
     monkeypatch.setenv("WANDB_API_KEY", WANDB)
     stage = {"name": "sft", "type": "sft", "data": str(DATA / "arithmetic_sft.jsonl"),
-             "train": {"max_steps": 2, "logging_steps": 1, "hub_token": HUB}}
+             "train": {"max_steps": 2, "logging_steps": 1, "hub_token": HUB, "eos_token": "<|im_end|>"}}
     recipe = write_recipe(in_tmp / "r.yaml", [stage])
     result = run_cli("run", recipe, "--output", in_tmp / "run")
     dry = run_cli("run", recipe, "--dry-run")
@@ -28,3 +30,7 @@ def test_tokens_stay_out_of_every_file_and_the_output(in_tmp, tiny_model_dir, mo
         for secret in (HF, WANDB, HUB):
             assert secret not in text, f"{secret} leaked into {where}"
     assert "<redacted>" in (in_tmp / "run" / "recipe.lock.yaml").read_text()
+    # ... while the settings a rerun needs are recorded as they were (TrainingArguments.to_dict() writes every
+    # *_token field as a placeholder, "<EOS_TOKEN>")
+    config = json.loads((in_tmp / "run" / "sft" / "config.json").read_text())
+    assert config["eos_token"] == "<|im_end|>" and config["hub_token"] == "<redacted>"

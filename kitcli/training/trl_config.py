@@ -306,7 +306,10 @@ def explicit_values(config, stage_defaults: dict[str, Any], train: dict[str, Any
 
 
 def config_dict(config) -> dict[str, Any]:
-    """All fields, JSON-safe, with secrets left out."""
+    """All fields, JSON-safe, with secrets left out (credentials by name, kitcli/rundir.py)."""
     raw = config.to_dict()
+    # to_dict() writes every *_token field as a placeholder ("<EOS_TOKEN>"): record the real eos_token / pad_token,
+    # which a rerun or a hand-written TRL script needs; redact() still hides hub_token
+    raw.update({key: getattr(config, key) for key in raw if key.endswith("_token") and hasattr(config, key)})
     return redact({k: (v if isinstance(v, (int, float, str, bool, type(None), list, dict)) else str(v))
                    for k, v in raw.items()})
