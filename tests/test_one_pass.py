@@ -211,3 +211,26 @@ def test_the_forms_other_tools_write_that_transformers_reads_otherwise(tmp_path)
     bad = {**kto, "train": {**kto["train"], "report_to": ["none", "tensorboard"]}}
     lines = error_lines(run_cli("check", write_recipe(tmp_path / "r.yaml", [SFT, bad]), expect=2).output)
     assert len(lines) == 1 and "'none' turns every tracker off, so it stands alone" in lines[0], lines
+
+
+@pytest.mark.slow
+def test_each_stage_trains_with_the_config_its_check_built(tmp_path, monkeypatch):
+    """`train:` is resolved once: kit run's preflight builds each stage's trainer config (checking it), and the stage
+    trains with that very object, not a second one built from the same section."""
+    from kitcli.stages import grpo, sft
+    from kitcli.training import trainers
+
+    built, trained = [], []
+    for module in (sft, grpo):
+        build = module.build_config
+        monkeypatch.setattr(module, "build_config",
+                            lambda *a, _build=build, **kw: built.append(_build(*a, **kw)) or built[-1])
+    make_trainer = trainers.build_trainer
+    for module in (sft, trainers):  # sft imports it by name, grpo looks it up in trainers
+        monkeypatch.setattr(module, "build_trainer",
+                            lambda *a, **kw: trained.append(kw["args"]) or make_trainer(*a, **kw))
+    recipe = write_recipe(tmp_path / "r.yaml", [SFT, GRPO])
+    run_cli("run", recipe, "--output", tmp_path / "run")
+    assert [type(c).__name__ for c in built] == ["SFTConfig", "GRPOConfig"]  # one each, in preflight
+    assert len(trained) == 2 and all(t is b for t, b in zip(trained, built))
+    assert json.loads((tmp_path / "run" / "grpo" / "DONE").read_text())["steps"] == 2

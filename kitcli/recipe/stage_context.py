@@ -3,10 +3,12 @@ to say things. The runner makes one per stage; stages read it and never reach ba
 
 `ctx.stage` is the stage's validated section (its type's pydantic model, kitcli/stages/<type>.py: `ctx.stage.train`,
 `ctx.stage.data.path`, `ctx.stage.system_prompt`), as the recipe validated it; `ctx.section` is the same object.
-`ctx.spec` is its type's StageSpec; `ctx.model`, `ctx.lora` and `ctx.seed` are the recipe's."""
+`ctx.spec` is its type's StageSpec; `ctx.model`, `ctx.lora` and `ctx.seed` are the recipe's; `ctx.config` the trainer
+config preflight built from its `train:` (`ctx.trainer_config(build)`), which its run() trains with."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +30,7 @@ class StageContext:
     run_dir: Path
     console: Console
     outputs: dict[str, Path] = field(default_factory=dict)  # earlier stage name -> its directory
+    config: Any = None  # its trainer config: the one preflight built, which `kit run` hands to run()
 
     @property
     def section(self) -> Any:
@@ -73,6 +76,13 @@ class StageContext:
 
     def output(self, stage_name: str) -> StageDir:
         return StageDir(self.outputs[stage_name])
+
+    def trainer_config(self, build: Callable[[], Any]) -> Any:
+        """The stage's trainer config, built once from its section: the one preflight built and checked (kit run
+        passes it on), else built now and kept, so describe() and run() train with the same object."""
+        if self.config is None:
+            self.config = build()
+        return self.config
 
     def log(self, message: str) -> None:
         self.console.print(message, highlight=False, markup=False, soft_wrap=True)

@@ -36,26 +36,31 @@ class Checked:
     described: list[dict[str, Any] | None]
     findings: list[Finding]
     faults: list[str] = field(default_factory=list)
+    configs: dict[str, Any] = field(default_factory=dict)  # stage name -> the trainer config its description built
 
     def raise_faults(self, recipe: Recipe) -> None:
         if self.faults:
             raise KitFaults(self.faults, recipe.source, [s.name for s in recipe.stages])
 
 
-def describe_stages(recipe: Recipe, run_dir: Path, console: Console, faults: list[str]) -> list[dict | None]:
+def describe_stages(recipe: Recipe, run_dir: Path, console: Console, faults: list[str],
+                    configs: dict[str, Any] | None = None) -> list[dict | None]:
     """Each stage's resolved configuration (its data read, its trainer config built; no model loads), a stage that
     faults adding its lines to `faults` and None to the list. A stage whose bad value the recipe's own check set aside
     is not described: with a default in its place its config could fault for a reason the recipe does not have (its
-    other checks still run; an unknown key set aside changes nothing, and the stage is described)."""
+    other checks still run; an unknown key set aside changes nothing, and the stage is described). Each trainer
+    config a description built goes into `configs`, for kit run to train with."""
     outputs = {s.name: run_dir / s.name for s in recipe.stages}
     described: list[dict | None] = []
     for stage in recipe.stages:
         if stage.name in recipe.defaulted:  # a bad value set aside: its default could fault in its place
             described.append(None)
             continue
+        ctx = StageContext(recipe, stage, run_dir, console, outputs)
         try:
-            described.append(stage_types.module(stage.type).describe(
-                StageContext(recipe, stage, run_dir, console, outputs)))
+            described.append(stage_types.module(stage.type).describe(ctx))
+            if configs is not None and ctx.config is not None:
+                configs[stage.name] = ctx.config
         except KitError as error:
             faults += faults_of(error)
             described.append(None)
@@ -66,8 +71,8 @@ def check_before_running(recipe: Recipe, run_dir: Path, console: Console, *, loa
     """The whole pass, faults collected rather than raised (the caller raises them, after printing what it shows).
     A model that cannot be reached here (a hub model offline) is a fault when the caller will load it (`kit run`),
     and a warning for a check or a dry run, which are how a GPU recipe is checked on a machine without it."""
-    faults = list(recipe.faults)
-    described = describe_stages(recipe, run_dir, console, faults)
+    faults, configs = list(recipe.faults), {}
+    described = describe_stages(recipe, run_dir, console, faults, configs)
     faulted = frozenset(s.name for s, d in zip(recipe.stages, described) if d is None)
     findings = check_recipe(recipe, run_dir=run_dir, console=console, faults=faults, faulted=faulted)
     try:  # this machine's, not the recipe's: named once the recipe has no fault of its own
@@ -78,7 +83,7 @@ def check_before_running(recipe: Recipe, run_dir: Path, console: Console, *, loa
         elif not loads_model:
             findings.insert(0, Finding("model", "reachable", "warn", recipe.model.name,
                                        f"kit run needs it here: {error.format_message()}"))
-    return Checked(described, findings, faults)
+    return Checked(described, findings, faults, configs)
 
 
 def notes(recipe: Recipe, described: list[dict | None]) -> list[str]:

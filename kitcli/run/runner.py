@@ -117,7 +117,7 @@ def run_stages(recipe: Recipe, run_dir: Path, lock: dict[str, Any], *, force: bo
                writer: WriterLock | None, selected: list[str] | None = None) -> Path:
     """Every stage in order, or the `selected` ones (finished stages before them are reused, the rest left as they
     are; `force` redoes only what runs)."""
-    prepare_run_dir(recipe, run_dir, lock, force=force, console=console, writer=writer)
+    configs = prepare_run_dir(recipe, run_dir, lock, force=force, console=console, writer=writer)
     if selected is not None:
         check_selected_inputs(recipe, run_dir, selected)
     outputs: dict[str, Path] = {}
@@ -126,7 +126,7 @@ def run_stages(recipe: Recipe, run_dir: Path, lock: dict[str, Any], *, force: bo
         if selected is not None and stage.name not in selected:
             outcome = reuse_unselected(stage, run_dir, f"{index}/{len(recipe.stages)}", console)
         else:
-            ctx = StageContext(recipe, stage, run_dir, console, outputs)
+            ctx = StageContext(recipe, stage, run_dir, console, outputs, config=configs.get(stage.name))
             outcome = run_one_stage(ctx, index, len(recipe.stages), lock, force=force, writer=writer)
         if outcome is not None:
             outputs[stage.name] = run_dir / stage.name
@@ -140,14 +140,15 @@ def run_stages(recipe: Recipe, run_dir: Path, lock: dict[str, Any], *, force: bo
 
 
 def prepare_run_dir(recipe: Recipe, run_dir: Path, lock: dict[str, Any], *, force: bool, console: Console,
-                    writer: WriterLock | None) -> None:
+                    writer: WriterLock | None) -> dict[str, Any]:
     """Before any stage: the model reachable, every stage resolved against its trainer's config and checked, and
-    (main process) the run directory taken, checked against the lock of a run it already holds, the lock written."""
+    (main process) the run directory taken, checked against the lock of a run it already holds, the lock written.
+    Returns the trainer configs preflight built, by stage name: each stage trains with the one that was checked."""
     console.print(f"kit: checking {recipe.name}'s {len(recipe.stages)} stages against TRL's configs (loads torch, "
                   f"TRL and Unsloth first; their messages go to {RunDir(run_dir).library_log})",
                   highlight=False, markup=False)
-    described = preflight(recipe, run_dir, console).described  # every fault of every stage, or none
-    lock["resolved"] = redact({s.name: d for s, d in zip(recipe.stages, described)})  # e.g. variant presets
+    checked = preflight(recipe, run_dir, console)  # every fault of every stage, or none
+    lock["resolved"] = redact({s.name: d for s, d in zip(recipe.stages, checked.described)})  # e.g. variant presets
     if writer is not None:
         take_run_dir(recipe, run_dir, lock, force=force, console=console, writer=writer)
     dist.barrier()
@@ -156,6 +157,7 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path, lock: dict[str, Any], *, forc
         console.print("warning: model.trust_remote_code is on: the model's own Python code from its repository "
                       "will run",
                       highlight=False, markup=False)
+    return checked.configs
 
 
 def take_run_dir(recipe: Recipe, run_dir: Path, lock: dict[str, Any], *, force: bool, console: Console,

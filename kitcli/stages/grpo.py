@@ -72,7 +72,7 @@ from kitcli.training.filtering import filter_dir, filter_summary, run_filter
 from kitcli.training.held_out import attach_held_out, describe_held_out
 from kitcli.training.progress import attach_progress, make_reward_metrics_callback, read_metrics, reward_summary
 from kitcli.training.tool_use import ToolsSection, describe_tools, stage_toolbox, tool_defaults, tool_kwargs
-from kitcli.training.trainers import is_grpo_trainer, trainer_summary
+from kitcli.training.trainers import config_class, is_grpo_trainer, trainer_summary
 from kitcli.training.trl_config import COMMON_DEFAULTS, build_config, config_dict, config_summary
 from rewards.registry import check_data
 
@@ -254,10 +254,12 @@ def resolved_defaults(ctx: StageContext, preset: dict[str, Any], rewards) -> dic
 
 
 def make_config(ctx: StageContext, defaults: dict[str, Any]):
-    from kitcli.training.trainers import config_class
+    """Built once (ctx.trainer_config): the config preflight checked is the one run() trains with."""
+    return ctx.trainer_config(lambda: build_stage_config(ctx, defaults))
 
-    return build_config(config_class(ctx.spec), stage_defaults=defaults, train=ctx.section.train,
-                        where=ctx.where,
+
+def build_stage_config(ctx: StageContext, defaults: dict[str, Any]):
+    return build_config(config_class(ctx.spec), stage_defaults=defaults, train=ctx.section.train, where=ctx.where,
                         output_dir=ctx.dir.checkpoints, seed=ctx.seed, on_gpu=cuda_available())
 
 

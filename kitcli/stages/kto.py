@@ -269,6 +269,11 @@ def check_settings(ctx: StageContext, config) -> None:
 
 
 def make_config(ctx: StageContext):
+    """Built once (ctx.trainer_config): the config preflight checked is the one run() trains with."""
+    return ctx.trainer_config(lambda: build_stage_config(ctx))
+
+
+def build_stage_config(ctx: StageContext):
     config = build_config(trainers.config_class(ctx.spec), stage_defaults=stage_defaults(ctx),
                           train=ctx.section.train, where=ctx.where, output_dir=ctx.dir.checkpoints,
                           seed=ctx.seed, on_gpu=cuda_available())

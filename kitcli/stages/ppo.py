@@ -46,6 +46,11 @@ def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, A
 
 
 def make_config(ctx: StageContext) -> PPOConfig:
+    """Built once (ctx.trainer_config): the config preflight checked is the one run() trains with."""
+    return ctx.trainer_config(lambda: build_stage_config(ctx))
+
+
+def build_stage_config(ctx: StageContext) -> PPOConfig:
     config = build_config(PPOConfig, stage_defaults=ppo_defaults(), train=ctx.section.train,
                           where=ctx.where, output_dir=ctx.dir.checkpoints, seed=ctx.seed, on_gpu=cuda_available())
     limit = ctx.model.max_seq_length

@@ -106,6 +106,11 @@ def common_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, 
 
 
 def make_config(ctx: StageContext, defaults: dict[str, Any]):
+    """Built once (ctx.trainer_config): the config preflight checked is the one run() trains with."""
+    return ctx.trainer_config(lambda: build_stage_config(ctx, defaults))
+
+
+def build_stage_config(ctx: StageContext, defaults: dict[str, Any]):
     """The stage's trainer config: its type's config class from the kit's, the stage's and `train:` settings."""
     return build_config(trainers.config_class(ctx.spec), stage_defaults=defaults, train=ctx.section.train,
                         where=ctx.where, output_dir=ctx.dir.checkpoints, seed=ctx.seed, on_gpu=cuda_available())

@@ -65,6 +65,11 @@ def stage_defaults(ctx: StageContext, on_gpu: bool | None = None) -> dict[str, A
 
 
 def make_config(ctx: StageContext):
+    """Built once (ctx.trainer_config): the config preflight checked is the one run() trains with."""
+    return ctx.trainer_config(lambda: build_stage_config(ctx))
+
+
+def build_stage_config(ctx: StageContext):
     from kitcli.training.trainers import config_class
 
     return build_config(config_class(ctx.spec), stage_defaults=stage_defaults(ctx), train=ctx.section.train,
