@@ -127,8 +127,31 @@ def fast_tests_train_nothing(request):
         yield True
 
 
+PROCESS_ENVIRON = os.environ  # the mapping rich's Console reads (its class attribute), bound when rich is imported
+
+
+def put_back_the_process_environ() -> None:
+    """datasets' Dataset.map(num_proc=N) rebinds os.environ to a deep copy (datasets/arrow_dataset.py), and rich's
+    consoles keep reading the original: a later test's COLUMNS (set in the copy) never reached them, and which test
+    came after a map with num_proc depended on how xdist shared the files out. The original goes back, holding what
+    the copy holds."""
+    if os.environ is not PROCESS_ENVIRON:
+        current = dict(os.environ)
+        os.environ = PROCESS_ENVIRON  # noqa: B003 (cleared and refilled below)
+        for key in set(os.environ) - set(current):
+            del os.environ[key]
+        os.environ.update(current)
+
+
 @pytest.fixture(autouse=True)
-def console_size_from_the_environment(monkeypatch):
+def one_process_environ():
+    put_back_the_process_environ()
+    yield
+    put_back_the_process_environ()
+
+
+@pytest.fixture(autouse=True)
+def console_size_from_the_environment(one_process_environ, monkeypatch):
     """A test that sets COLUMNS gets that width on any terminal. rich reads COLUMNS only where it has both sizes or
     the terminal is not a dumb one: with TERM=dumb (as CI runners set it) and a forced terminal (FORCE_COLOR), a
     console without LINES is 80 wide whatever COLUMNS says, and a table's columns wrap."""
