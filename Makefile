@@ -2,7 +2,7 @@
 # make test: set up .venv if missing and run the test suite (two pytest-xdist workers, one torch thread each;
 #   KIT_TEST_WORKERS=0 runs it in one process).
 # make test-long: the install rehearsal and the benchmarks' reduced runs (minutes of subprocesses; CI runs them).
-# make test-fast: the tests that train nothing (about 55 s, on the same workers as make test); make lint: ruff; make mutants: the mutation check.
+# make test-fast: the tests that train nothing (about 50 s, on the same workers as make test); make lint: ruff; make mutants: the mutation check.
 # make test-other-cpu: the precision-mode formula tests again with Unsloth's CPU bf16 answer flipped (UNSLOTH_CPU_BF16):
 #   on a CPU with native bf16 (AMX-BF16 / AVX512-BF16) as on one without, and the reverse (CI runs it).
 PYTHON ?= python3
