@@ -22,7 +22,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rewards.reward_model import RewardModelScorer  # noqa: E402  (after the path is set)
+from kitcli.records import read_jsonl  # noqa: E402  (after the path is set)
+from rewards.reward_model import RewardModelScorer  # noqa: E402
 
 ANSWERS = range(19)  # every sum of two digits
 DATA = ROOT / "examples" / "data"
@@ -43,7 +44,7 @@ def ranks(scorer: RewardModelScorer, rows: list[dict[str, Any]]) -> tuple[dict[s
 
 
 def agreement(samples: Path, favourite: dict[str, int]) -> dict[str, float]:
-    rows = [json.loads(line) for line in samples.read_text().splitlines() if line.strip()]
+    rows = read_jsonl(samples, strict=True)
     agree = sum(r["completion"].strip() == str(favourite[r["prompt"][-1]["content"]]) for r in rows)
     return {"answer_is_rm_favourite": agree / len(rows), "exact_match": sum(r["correct"] for r in rows) / len(rows)}
 
@@ -56,7 +57,7 @@ def main() -> None:
         scorer = RewardModelScorer(run / "rm" / "merged", batch_size=64)
         out: dict[str, Any] = {"run": str(run)}
         for name in ("arithmetic_eval", "arithmetic_prompts"):
-            rows = [json.loads(line) for line in (DATA / f"{name}.jsonl").read_text().splitlines() if line.strip()]
+            rows = read_jsonl(DATA / f"{name}.jsonl", strict=True)
             out[name], favourite = ranks(scorer, rows)
             if name == "arithmetic_eval":
                 held_out = favourite
